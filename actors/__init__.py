@@ -1,0 +1,1 @@
+"""Ray actors and topology: generators, env workers, learner group, buffer, weight sync."""

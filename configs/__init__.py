@@ -1,0 +1,1 @@
+"""Typed OmegaConf configs: the schema, the shipped YAML files, loading and rendering."""

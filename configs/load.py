@@ -1,0 +1,118 @@
+"""Load a config: schema defaults, then YAML files in order, then ``key=value`` overrides.
+
+Every source is merged on its own so that an error names the source as well as the key,
+the expected type, and the closest valid key.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+
+from configs.schema import Config
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key, the source and the fix."""
+
+
+def packaged_config_dir() -> Path:
+    return Path(str(resources.files("configs")))
+
+
+def resolve_config_path(name: str) -> Path:
+    """A path as given, or the name of a shipped config (``cpu-demo`` -> configs/cpu-demo.yaml)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = packaged_config_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if shipped.exists():
+        return shipped
+    available = sorted(p.stem for p in packaged_config_dir().glob("*.yaml"))
+    raise ConfigError(f"config file {name!r} not found; shipped configs: {', '.join(available)}")
+
+
+def load_config(
+    files: Iterable[str] = (), overrides: Iterable[str] = (), require_complete: bool = True, schema: type = Config
+) -> DictConfig:
+    """The merged, type-checked config. ``require_complete`` rejects schema fields left MISSING (``???``)."""
+    cfg = OmegaConf.structured(schema)
+    for name in files:
+        path = resolve_config_path(name)
+        try:
+            data = OmegaConf.load(path)
+        except Exception as err:  # YAML syntax errors come in several exception types
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if not isinstance(data, DictConfig):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, env:, ...)")
+        cfg = _merge(cfg, data, source=str(path))
+    overrides = list(overrides)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. rollout.max_turns=20)")
+    if overrides:
+        cfg = _merge(cfg, OmegaConf.from_dotlist(overrides), source="command line")
+    if require_complete:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(f"required config value(s) not set: {', '.join(missing)}; set them in a file or as key=value")
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot resolve an interpolation: {_first_line(err)}") from err
+    return cfg
+
+
+def _merge(cfg: DictConfig, data: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(cfg, data)
+    except ConfigKeyError as err:
+        key = getattr(err, "full_key", "") or _first_line(err)
+        raise ConfigError(f"{source}: unknown config key {key!r}{_suggestion(key)}") from err
+    except (ValidationError, MissingMandatoryValue) as err:
+        key = getattr(err, "full_key", "")
+        raise ConfigError(
+            f"{source}: bad value for {key!r}: expected {_expected_type(key)}; {_first_line(err)}"
+        ) from err
+
+
+def valid_keys(cls: type = Config, prefix: str = "") -> dict[str, Any]:
+    """Every leaf key of the schema, dotted, with its annotation."""
+    keys: dict[str, Any] = {}
+    for f in fields(cls):
+        ftype = f.default_factory() if f.default_factory is not Ellipsis and callable(f.default_factory) else None
+        if ftype is not None and is_dataclass(ftype):
+            keys.update(valid_keys(type(ftype), f"{prefix}{f.name}."))
+        else:
+            keys[f"{prefix}{f.name}"] = f.type
+    return keys
+
+
+def _suggestion(key: str) -> str:
+    close = difflib.get_close_matches(key, list(valid_keys()), n=1, cutoff=0.5)
+    if not close:
+        section = key.split(".")[0]
+        close = [k for k in valid_keys() if k.startswith(section + ".")][:1]
+        return f"; valid keys in {section!r} include {close[0]!r} (see `cuda-agent config show`)" if close else ""
+    return f"; did you mean {close[0]!r}?"
+
+
+def _expected_type(key: str) -> str:
+    annotation = valid_keys().get(key)
+    if annotation is None:
+        return "a valid value"
+    from configs import schema
+
+    enum = getattr(schema, str(annotation), None)
+    if isinstance(enum, type) and hasattr(enum, "__members__"):
+        return "one of " + ", ".join(enum.__members__)
+    return str(annotation)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

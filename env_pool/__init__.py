@@ -1,0 +1,1 @@
+"""The kernel environment: workspace, compile, verify, profile, guards, reward, pool."""

@@ -1,0 +1,1 @@
+"""The `cuda-agent` command line, drivers, reports and job submission."""

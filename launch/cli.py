@@ -1,0 +1,171 @@
+"""`cuda-agent`: the command line. Each subcommand is a thin call into the package that owns the work."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)  # errors stay on one line for grep and logs
+
+
+def _split_files_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    files = [i for i in items if "=" not in i]
+    return files, [i for i in items if "=" in i]
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from configs.document import render
+    from configs.load import load_config
+
+    files, overrides = _split_files_and_overrides(args.items)
+    cfg = load_config(files, overrides, require_complete=False)
+    print(render(cfg), end="")
+    return 0
+
+
+def cmd_config_defaults(args: argparse.Namespace) -> int:
+    from configs.document import render
+    from configs.load import load_config
+
+    print("# cuda-agent defaults: generated from configs/schema.py by `cuda-agent config defaults`; edit the schema, not this file.")
+    print(render(load_config()), end="")
+    return 0
+
+
+def cmd_tasks_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from tasks.describe import describe_task
+    from tasks.loader import load_tasks
+
+    tasks, failures = load_tasks(args.paths)
+    rows = []
+    for task in tasks:
+        shape = describe_task(task, args.backend)
+        rows.append({"id": task.id, "level": task.level, "entry": asdict(task.entry), "dtype": shape.dtype,
+                     "inputs": shape.inputs, "init_inputs": shape.init_inputs, "path": task.path})
+    if args.json:
+        print(json.dumps({"tasks": rows, "failures": [asdict(f) for f in failures]}, indent=2))
+        return 1 if failures else 0
+    table = Table(title=f"{len(tasks)} tasks ({args.backend} shapes)")
+    for col in ("id", "level", "entry points", "inputs", "init inputs"):
+        table.add_column(col)
+    for row in rows:
+        e = row["entry"]
+        table.add_row(row["id"], str(row["level"] or "-"), f"{e['model']}, {e['inputs']}, {e['init_inputs']}",
+                      "\n".join(row["inputs"]), ", ".join(row["init_inputs"]) or "-")
+    console.print(table)
+    for failure in failures:
+        console.print(f"[red]failed[/red] {failure.path}: {failure.reason}")
+    return 1 if failures else 0
+
+
+def cmd_tasks_check(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import track
+    from rich.table import Table
+
+    from tasks.loader import load_tasks
+    from tasks.screen import screen_task
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks, failures = load_tasks(args.paths)
+    results = [screen_task(t, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile)
+               for t in track(tasks, description="running references", console=err_console, disable=args.json)]
+    if args.json:
+        print(json.dumps({"results": [asdict(r) for r in results], "failures": [asdict(f) for f in failures]}, indent=2))
+    else:
+        table = Table(title=f"reference screen: {args.backend}, {torch.get_num_threads()} thread(s)")
+        for col in ("id", "eager ms", "torch.compile", "verdict"):
+            table.add_column(col)
+        for r in results:
+            compiled = "-" if r.compile_ok is None else ("ok" if r.compile_ok else "fails")
+            verdict = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
+            table.add_row(r.task_id, f"{r.eager_ms:.2f}" if r.eager_ms is not None else "-", compiled, verdict)
+        console.print(table)
+        for failure in failures:
+            console.print(f"[red]failed to load[/red] {failure.path}: {failure.reason}")
+    return 0 if all(r.ok for r in results) and not failures else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from launch.doctor import diagnose, print_report
+
+    report = diagnose()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from configs.load import load_config
+    from launch.embedded_model import embedded_model_dir, is_prepared, prepare_embedded_model
+
+    cache_dir = args.cache_dir or load_config().model.cache_dir
+    if is_prepared(cache_dir):
+        console.print(f"embedded model already prepared: {embedded_model_dir(cache_dir)}")
+        return 0
+    with console.status("converting SmolLM2-135M-Instruct (GGUF -> bf16 Hugging Face folder) and test-generating"):
+        path = prepare_embedded_model(cache_dir)
+    console.print(f"embedded model ready: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cuda-agent", description="Train and evaluate LLM agents that write fast kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
+    show = config.add_parser("show", help="print the resolved config: FILES (paths or shipped names) then key=value overrides")
+    show.add_argument("items", nargs="*", metavar="FILE|key=value")
+    show.set_defaults(func=cmd_config_show)
+    config.add_parser("defaults", help="print the documented defaults (the source of configs/defaults.yaml)").set_defaults(
+        func=cmd_config_defaults)
+
+    tasks = sub.add_parser("tasks", help="KernelBench-format task sets").add_subparsers(dest="action", required=True)
+    for name, func, text in (("list", cmd_tasks_list, "table of tasks with levels, entry points and input shapes"),
+                             ("check", cmd_tasks_check, "run each reference: deterministic, input-dependent, runtime window")):
+        p = tasks.add_parser(name, help=text)
+        p.add_argument("paths", nargs="*", help="problem files or folders (default: the shipped starter set)")
+        p.add_argument("--backend", choices=["cpp", "cuda"], default="cpp", help="which shape preset (default cpp)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+        if name == "check":
+            p.add_argument("--compile", action="store_true", help="also check that torch.compile runs and agrees")
+            p.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1)")
+            p.add_argument("--min-ms", type=float, default=1.0, help="fastest acceptable eager time")
+            p.add_argument("--max-ms", type=float, default=100.0, help="slowest acceptable eager time")
+
+    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+
+    model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="action", required=True)
+    prepare = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct once into a Hugging Face folder")
+    prepare.add_argument("--cache-dir", help="default: model.cache_dir from the config")
+    prepare.set_defaults(func=cmd_model_prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from configs.load import ConfigError
+    from launch.embedded_model import ModelPrepareError
+    from tasks.task import TaskError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, TaskError, ModelPrepareError) as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""PPO with a critic, GAE, rejection fine-tuning, value pretraining, DeepSpeed engines."""

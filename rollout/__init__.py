@@ -1,0 +1,1 @@
+"""The agent: ReAct loop, tools, SKILL.md, policies, trajectories."""
