@@ -86,6 +86,8 @@ class EnvConfig:
     warmup: int = 5  # untimed runs before timing
     repetitions: int = 30  # timed runs; the median is reported
     compile_mode: str = "default"  # torch.compile mode of the baseline: default or max-autotune
+    threads: int = 1  # CPU threads of the reference and the candidate (torch and OpenMP), the same for both
+    work_dir: str = "~/.cache/cuda-agent/env"  # compile cache, scratch folders, and the verifier's private data
     reward: RewardConfig = field(default_factory=RewardConfig)  # the milestone reward schedule
 
 

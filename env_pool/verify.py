@@ -1,0 +1,46 @@
+"""Verification: compare a candidate's outputs with the reference's, in the trusted process.
+
+The candidate's process only writes its outputs; the comparison happens here, where no
+candidate code has run, so monkeypatching torch inside the candidate cannot make it pass.
+"""
+from __future__ import annotations
+
+import torch
+
+from env_pool.results import InputCheck
+from tasks.task import Task
+
+
+def check_outputs(index: int, task: Task, expected: list[torch.Tensor], got: list[torch.Tensor], meta: list[dict]) -> InputCheck:
+    """One input set: structure first (count, shape, dtype, device, layout), then values."""
+    if len(got) != len(expected):
+        return InputCheck(index, False, reason=f"returned {len(got)} output(s), the reference returns {len(expected)}")
+    worst_abs = worst_rel = 0.0
+    for k, (e, g, m) in enumerate(zip(expected, got, meta)):
+        where = f"output {k}" if len(expected) > 1 else "output"
+        if tuple(g.shape) != tuple(e.shape):
+            return InputCheck(index, False, reason=f"{where} has shape {list(g.shape)}, expected {list(e.shape)}")
+        if g.dtype != e.dtype:
+            return InputCheck(index, False, reason=f"{where} has dtype {g.dtype}, expected {e.dtype}")
+        if m.get("device_type") != m.get("expected_device_type"):
+            return InputCheck(index, False, reason=f"{where} is on {m.get('device_type')}, expected {m.get('expected_device_type')}")
+        if not m.get("contiguous", True):
+            return InputCheck(index, False, reason=f"{where} is not contiguous; return a contiguous tensor as the reference does")
+        if g.is_floating_point() and bool(torch.isnan(g).any()):
+            return InputCheck(index, False, reason=f"{where} contains NaN")
+        atol, rtol = task.tolerances(str(e.dtype).removeprefix("torch."))
+        diff = (g.double() - e.double()).abs()
+        worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
+        rel = diff / e.double().abs().clamp_min(1e-12)
+        worst_rel = max(worst_rel, float(rel.max()) if rel.numel() else 0.0)
+        if not torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol, equal_nan=False):
+            bad = int((diff > atol + rtol * e.double().abs()).sum())
+            return InputCheck(index, False, worst_abs, worst_rel,
+                              reason=f"{where}: {bad} of {e.numel()} values outside atol={atol:g}, rtol={rtol:g} (max abs error {worst_abs:.3g})")
+    return InputCheck(index, True, worst_abs, worst_rel)
+
+
+def varies_with_inputs(outputs: list[list[torch.Tensor]]) -> bool:
+    """Whether any output differs between input sets: a constant answer cannot be correct for every set."""
+    first = outputs[0]
+    return any(not all(torch.equal(a, b) for a, b in zip(first, other)) for other in outputs[1:])

@@ -1,0 +1,99 @@
+"""The environment's pure parts: results round trip, verification rules, milestone reward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from configs.schema import RewardConfig
+from env_pool.results import EvalResult, InputCheck, Milestone, Timing, Violation
+from env_pool.reward import apply_reward
+from env_pool.verify import check_outputs, varies_with_inputs
+from tasks.task import Task
+
+TASK = Task(id="t", level=1, source="")
+META = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": True}]
+
+
+def timed(eager: float, compiled: float, candidate: float, iqr: float = 0.0) -> EvalResult:
+    return EvalResult("t", "cpp", checks=[InputCheck(0, True)], eager=Timing(eager, iqr, 30),
+                      compiled=Timing(compiled, iqr, 30), candidate=Timing(candidate, iqr, 30))
+
+
+def test_eval_result_round_trips_through_msgpack():
+    result = timed(2.0, 1.5, 1.0)
+    result.violations = [Violation("tamper", "torch.allclose was replaced")]
+    again = EvalResult.unpack(result.pack())
+    assert again == result and again.speedup_vs_eager == 2.0
+
+
+def test_a_failed_result_cannot_claim_a_milestone():
+    with pytest.raises(ValueError, match="cannot reach a milestone"):
+        EvalResult("t", "cpp", milestone=Milestone.CORRECT, failure="wrong")
+    with pytest.raises(ValueError, match="failure must be one of"):
+        EvalResult("t", "cpp", failure="bad luck")
+
+
+@pytest.mark.parametrize(
+    "eager, compiled, candidate, milestone, reward",
+    [
+        (1.0, 0.8, 2.0, Milestone.CORRECT, 1.0),  # slower than both
+        (2.0, 1.0, 1.5, Milestone.FASTER_THAN_EAGER, 2.0),
+        (2.0, 1.04, 1.0, Milestone.FASTER_THAN_EAGER, 2.0),  # 4% over compile is inside the 5% margin
+        (2.0, 1.2, 1.0, Milestone.FASTER_THAN_COMPILE, 3.0),
+    ],
+)
+def test_milestones_follow_the_paper_schedule(eager, compiled, candidate, milestone, reward):
+    result = apply_reward(timed(eager, compiled, candidate), RewardConfig())
+    assert (result.milestone, result.reward) == (milestone, reward)
+
+
+def test_noise_widens_the_margin():
+    quiet = apply_reward(timed(2.0, 1.2, 1.0, iqr=0.0), RewardConfig())
+    noisy = apply_reward(timed(2.0, 1.2, 1.0, iqr=0.2), RewardConfig())  # 20% IQR on the candidate
+    assert quiet.milestone == Milestone.FASTER_THAN_COMPILE
+    assert noisy.milestone == Milestone.FASTER_THAN_EAGER
+
+
+def test_wrong_or_failed_results_get_the_failure_reward():
+    wrong = EvalResult("t", "cpp", checks=[InputCheck(0, False, reason="tolerance")])
+    assert apply_reward(wrong, RewardConfig(failure=-2.0)).reward == -2.0
+
+
+def test_verify_rejects_nan_even_where_the_reference_is_close():
+    expected = [torch.ones(4)]
+    got = [torch.tensor([1.0, float("nan"), 1.0, 1.0])]
+    check = check_outputs(0, TASK, expected, got, META)
+    assert not check.passed and "NaN" in check.reason
+
+
+@pytest.mark.parametrize(
+    "got, reason",
+    [
+        ([torch.ones(4, 1)], "shape"),
+        ([torch.ones(4, dtype=torch.float64)], "dtype"),
+        ([torch.ones(4) * 1.001], "outside atol"),
+        ([torch.ones(4), torch.ones(4)], "returned 2 output"),
+    ],
+)
+def test_verify_names_the_mismatch(got, reason):
+    check = check_outputs(0, TASK, [torch.ones(4)], got, META * len(got))
+    assert not check.passed and reason in check.reason
+
+
+def test_verify_accepts_summation_order_differences():
+    x = torch.randn(4096, dtype=torch.float64)
+    expected = [x.sum().float().reshape(1)]
+    got = [x.float().flip(0).cumsum(0)[-1].reshape(1)]
+    assert check_outputs(0, TASK, expected, got, META).passed
+
+
+def test_verify_rejects_non_contiguous_and_wrong_device():
+    meta = [{"device_type": "cpu", "expected_device_type": "cuda", "contiguous": True}]
+    assert "is on cpu" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason
+    meta = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": False}]
+    assert "contiguous" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason
+
+
+def test_constant_outputs_do_not_vary_with_inputs():
+    assert not varies_with_inputs([[torch.zeros(3)], [torch.zeros(3)]])
+    assert varies_with_inputs([[torch.zeros(3)], [torch.ones(3)]])
