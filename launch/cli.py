@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from rich.console import Console
 
@@ -118,6 +119,33 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from omegaconf import OmegaConf
+
+    from configs.load import load_config
+    from env_pool.pool import EnvPool
+    from launch.report import print_eval_result
+    from tasks.loader import load_tasks
+    from tasks.task import TaskError
+
+    cfg = load_config(args.config or [], args.overrides)
+    tasks, failures = load_tasks(args.tasks or [])
+    match = [t for t in tasks if t.id == args.task or t.id.endswith("/" + args.task)]
+    if len(match) != 1:
+        raise TaskError(f"task {args.task!r} matches {len(match)} of {len(tasks)} loaded tasks; give its id as `cuda-agent tasks list` shows it")
+    files = {p.name: p.read_text() for p in sorted(Path(args.solution).iterdir()) if p.is_file()}
+    pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
+    with console.status(f"evaluating {args.solution} on {match[0].id} ({args.mode})"):
+        result = asyncio.run(pool.evaluate(match[0], files, args.mode))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_eval_result(result, console)
+    return 0 if result.failure is None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent", description="Train and evaluate LLM agents that write fast kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1)")
             p.add_argument("--min-ms", type=float, default=1.0, help="fastest acceptable eager time")
             p.add_argument("--max-ms", type=float, default=100.0, help="slowest acceptable eager time")
+
+    env = sub.add_parser("env", help="the kernel environment").add_subparsers(dest="action", required=True)
+    ev = env.add_parser("eval", help="compile, verify and profile one solution folder (model_new.py [+ kernel.cpp|kernel.cu])")
+    ev.add_argument("task", help="task id, e.g. level1/03_softmax (see `cuda-agent tasks list`)")
+    ev.add_argument("solution", help="folder with model_new.py and its kernel sources")
+    ev.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.backend=cuda")
+    ev.add_argument("--config", action="append", help="config file(s) under the overrides")
+    ev.add_argument("--tasks", action="append", help="task files or folders (default: the starter set)")
+    ev.add_argument("--mode", choices=["compile", "verify", "full"], default="full")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_env_eval)
 
     doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
     doctor.add_argument("--json", action="store_true")

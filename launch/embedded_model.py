@@ -7,6 +7,7 @@ complete; later calls return the cached folder at once.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -60,15 +61,25 @@ def prepare_embedded_model(cache_dir: str | os.PathLike, check_prompt: str = "Wr
     if is_prepared(cache_dir):
         return out
     source = gguf_path()
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    convert_gguf(source, tmp)
-    sample = generate_sample(tmp, check_prompt)
-    if not sample.strip():
-        raise ModelPrepareError(f"the converted model in {tmp} generated no text; conversion is broken")
-    (tmp / MARKER).write_text(json.dumps({"fingerprint": _fingerprint(source), "source": str(source), "sample": sample}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # only a complete, checked folder ever carries the final name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes on one machine (Ray actors, parallel tests) may ask at once: one
+    # converts, the others wait on the lock and then find the folder prepared.
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(cache_dir):
+            return out
+        tmp = out.with_name(out.name + ".partial")  # under the lock: a crashed run's leftovers go
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            convert_gguf(source, tmp)
+            sample = generate_sample(tmp, check_prompt)
+            if not sample.strip():
+                raise ModelPrepareError(f"the converted model in {tmp} generated no text; conversion is broken")
+            (tmp / MARKER).write_text(json.dumps({"fingerprint": _fingerprint(source), "source": str(source), "sample": sample}))
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)  # only a complete, checked folder ever carries the final name
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -86,7 +97,9 @@ def convert_gguf(source: Path, out: Path) -> None:
     if missing or unexpected:
         raise ModelPrepareError(f"GGUF tensors do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.to(torch.bfloat16).save_pretrained(out)
-    AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    tokenizer.model_max_length = config.max_position_embeddings  # the GGUF leaves it unbounded
+    tokenizer.save_pretrained(out)
 
 
 def generate_sample(model_dir: Path, prompt: str, max_new_tokens: int = 24) -> str:

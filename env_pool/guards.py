@@ -1,0 +1,198 @@
+"""Run-time guards against reward hacking, installed in the candidate's process by the runner.
+
+The OS sandbox (env_pool/sandbox.py) is what enforces no network and no writes outside the
+scratch folder; these guards run inside the process to catch what the OS cannot see (torch
+compute ops, monkeypatching, imports of the reference) and to name every violation clearly.
+They are armed only after the runner has done its own trusted work, and they never disarm.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from env_pool.results import Violation
+
+# Ops ModelNew.forward may call: allocation, views, layout and plain copies. Anything else is
+# torch computing the answer for the candidate. Names are aten overload packets.
+ALLOWED_OPS = frozenset(
+    """
+    empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ fill_
+    view _unsafe_view reshape as_strided t transpose permute expand unsqueeze squeeze select slice
+    unbind split chunk narrow detach alias contiguous clone copy_ _to_copy lift_fresh
+    _local_scalar_dense is_same_size resize_ set_ sym_size sym_stride sym_numel
+    """.split()
+)
+
+# Modules a candidate may not import: the environment's own code and the task definitions.
+FORBIDDEN_IMPORTS = ("env_pool", "tasks", "reference", "actors", "learner", "rollout", "launch", "configs")
+
+# Attributes whose identity must survive the candidate: what verification and timing rely on.
+WATCHED = {
+    "torch": ("allclose", "isclose", "equal", "isfinite", "isnan", "empty", "empty_like"),
+    "torch.testing": ("assert_close",),
+    "torch.Tensor": ("__eq__", "__ne__", "allclose", "equal", "clone", "copy_", "cpu", "to", "data_ptr"),
+    "torch.cuda": ("synchronize", "Event", "current_stream"),
+    "time": ("perf_counter", "perf_counter_ns", "time", "monotonic"),
+}
+
+# Ways to reach the runner's locals (timings, reference weights) from inside ModelNew. sys._getframe
+# is not among them: namedtuple, enum and logging call it on ordinary paths.
+INTROSPECTION_EVENTS = ("sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents")
+
+PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty", "pty.spawn", "os.spawn")
+
+
+@dataclass
+class GuardState:
+    scratch: Path  # the only folder the candidate may write to
+    read_roots: tuple[str, ...]  # folders the candidate may read: its scratch, Python, its libraries
+    armed: bool = False
+    violations: list[Violation] = field(default_factory=list)
+
+    def flag(self, guard: str, reason: str) -> None:
+        if not any(v.guard == guard and v.reason == reason for v in self.violations):
+            self.violations.append(Violation(guard, reason))
+
+
+def _resolve(name: str) -> Any:
+    obj: Any = sys.modules.get(name.split(".")[0])
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def snapshot_watched() -> dict[tuple[str, str], Any]:
+    snap = {}
+    for owner, attrs in WATCHED.items():
+        target = _resolve(owner)
+        for attr in attrs:
+            snap[(owner, attr)] = target.__dict__.get(attr, getattr(target, attr, None)) if isinstance(target, type) else getattr(target, attr, None)
+    return snap
+
+
+def check_tamper(state: GuardState, before: dict[tuple[str, str], Any]) -> None:
+    for key, original in before.items():
+        if snapshot_watched()[key] is not original:
+            state.flag("tamper", f"{key[0]}.{key[1]} was replaced")
+
+
+class _ImportBlocker(importlib.abc.MetaPathFinder):
+    def __init__(self, state: GuardState):
+        self.state = state
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib protocol
+        if self.state.armed and fullname.split(".")[0] in FORBIDDEN_IMPORTS:
+            self.state.flag("import_reference", f"imported {fullname!r}: the reference and the environment are off limits")
+            raise ImportError(f"{fullname} may not be imported by a candidate")
+        return None
+
+
+def _audit_hook(state: GuardState):
+    proc_self = (f"/proc/{os.getpid()}", "/proc/self", "/proc/thread-self")
+
+    def hook(event: str, args: tuple) -> None:
+        if not state.armed:
+            return
+        if event.startswith(PROCESS_EVENTS):
+            state.flag("subprocess", f"tried to start a process ({event})")
+            raise PermissionError("candidates may not start processes")
+        if event in INTROSPECTION_EVENTS:
+            # Flagged, not refused: refusing would break library code that looks at frames legitimately.
+            state.flag("tamper", f"inspected the environment's frames or objects ({event})")
+            return
+        if event.startswith("socket.") and event not in ("socket.gethostname",):
+            state.flag("network", f"tried to use the network ({event})")
+            raise PermissionError("candidates have no network")
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            _check_open(state, os.fsdecode(args[0]), args[1] if len(args) > 1 else "r", args[2] if len(args) > 2 else 0, proc_self)
+        elif event in ("os.listdir", "os.scandir") and args and args[0] is not None:
+            _check_read(state, os.fsdecode(args[0]) if not isinstance(args[0], int) else ".", proc_self)
+
+    return hook
+
+
+def _check_open(state: GuardState, path: str, mode: Any, flags: int, proc_self: tuple[str, ...]) -> None:
+    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    )
+    full = os.path.realpath(path)
+    if writing and not (full.startswith(str(state.scratch)) or full.startswith("/dev/")):
+        state.flag("filesystem", f"tried to write {path!r} outside its folder")
+        raise PermissionError("candidates may write only in their own folder")
+    if not writing:
+        _check_read(state, path, proc_self)
+
+
+def _check_read(state: GuardState, path: str, proc_self: tuple[str, ...]) -> None:
+    full = os.path.realpath(path)
+    if full.startswith("/proc/") and not full.startswith(proc_self):
+        state.flag("filesystem", f"tried to read another process's {full!r}")
+        raise PermissionError("candidates may not inspect other processes")
+    if _is_package_metadata(full):  # importlib.metadata scans every sys.path entry, the project's too
+        return
+    if not (full.startswith(state.read_roots) or full.startswith(("/proc/", "/dev/", "/sys/", "/usr/", "/lib", "/etc/"))):
+        state.flag("filesystem", f"tried to read {path!r} outside its folder")
+        raise PermissionError("candidates may read only their own folder and installed libraries")
+
+
+def _is_package_metadata(path: str) -> bool:
+    parts = path.split(os.sep)
+    return any(p.endswith((".dist-info", ".egg-info")) for p in parts[-3:-1]) or path.endswith((".dist-info", ".egg-info"))
+
+
+def install(scratch: Path) -> GuardState:
+    """Install the import blocker and the audit hook, unarmed; call arm() before candidate code runs."""
+    roots = {str(scratch), sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(torch.__file__)}
+    roots.update(p for p in sys.path if p and os.path.isdir(p) and not _is_project_dir(p))
+    state = GuardState(scratch=scratch, read_roots=tuple(sorted(os.path.realpath(r) for r in roots)))
+    sys.meta_path.insert(0, _ImportBlocker(state))
+    sys.addaudithook(_audit_hook(state))
+    return state
+
+
+def _is_project_dir(path: str) -> bool:
+    """The source tree of cuda-agent itself (an editable install puts it on sys.path)."""
+    return any(os.path.isdir(os.path.join(path, pkg)) for pkg in ("env_pool", "tasks")) and os.path.isdir(os.path.join(path, "env_pool"))
+
+
+def forget_environment_modules() -> None:
+    """Drop the runner's own packages from sys.modules so that a candidate cannot reach them by name."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in FORBIDDEN_IMPORTS:
+            sys.modules.pop(name, None)
+
+
+class FallbackDetector(TorchDispatchMode):
+    """Records every aten op that reaches the dispatcher while ModelNew.forward runs.
+
+    This sees ops called from Python and from C++ extensions alike (both go through the
+    dispatcher), which a static scan of the source cannot.
+    """
+
+    def __init__(self, state: GuardState):
+        super().__init__()
+        self.state = state
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in ALLOWED_OPS:
+            self.state.flag("torch_fallback", f"ModelNew.forward called torch op aten.{name}: the computation must be the candidate's kernel")
+        return func(*args, **(kwargs or {}))
+
+
+def live_threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def check_threads(state: GuardState, before: set[int]) -> None:
+    extra = live_threads() - before
+    if extra:
+        state.flag("thread", f"{len(extra)} thread(s) started by the candidate were still running after forward returned")

@@ -1,0 +1,46 @@
+"""Input sets for verification and timing, made from seeds so both processes build the same ones.
+
+The seeds are drawn fresh by the EnvWorker for every evaluation and never written to disk, so
+a candidate cannot know its verification inputs before it is called with them.
+"""
+from __future__ import annotations
+
+import torch
+
+from tasks.task import Problem
+
+
+def make_inputs(problem: Problem, seed: int, device: str) -> list[object]:
+    torch.manual_seed(seed)
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in problem.get_inputs()]
+
+
+def make_model(problem: Problem, init_seed: int, device: str) -> torch.nn.Module:
+    torch.manual_seed(init_seed)  # KernelBench's convention: Model and ModelNew built after the same seed
+    return problem.model_cls(*problem.get_init_inputs()).to(device).eval()
+
+
+def adversarial(inputs: list[object], seed: int) -> list[list[object]]:
+    """Stricter sets than the paper's: extreme magnitudes, signed zeros, values at activation kinks."""
+    gen = torch.Generator().manual_seed(seed)
+    variants: list[list[object]] = []
+    for transform in (_large, _tiny, _signed_zeros_and_kinks):
+        variants.append([transform(v, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in inputs])
+    return variants
+
+
+def _large(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return x * 1e3
+
+
+def _tiny(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return x * 1e-3
+
+
+def _signed_zeros_and_kinks(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    mask = torch.rand(x.shape, generator=gen).to(x.device)
+    out = x.clone()
+    out[mask < 0.1] = 0.0
+    out[(mask >= 0.1) & (mask < 0.2)] = -0.0
+    out[(mask >= 0.2) & (mask < 0.3)] *= 1e-6  # just either side of relu/gelu/leaky-relu kinks
+    return out

@@ -1,0 +1,109 @@
+"""EnvWorker: the Ray actor that evaluates candidates, one per GPU (cuda) or CPU slot (cpp).
+
+Compiles run concurrently (``compile_workers`` at a time) while one candidate at a time holds
+the timing lane, so candidates never time each other. ``max_pending`` bounds the work a
+worker accepts: callers beyond it wait (backpressure) instead of piling up memory. A failure
+of the environment itself ("infra") is retried once; a candidate's own failure never is.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import ray
+from omegaconf import OmegaConf
+
+from configs.schema import EnvConfig
+from env_pool.evaluate import EvalContext, evaluate
+from env_pool.results import EvalResult
+from tasks.task import Task
+
+
+@dataclass
+class WorkerStats:
+    evaluated: int = 0
+    pending: int = 0
+    retried: int = 0
+    infra_failures: int = 0
+    busy_s: float = 0.0  # time with at least one evaluation in flight
+
+
+def env_config(cfg: EnvConfig | Mapping[str, Any] | None) -> Any:
+    """A typed EnvConfig from a dataclass, a DictConfig, a plain dict (as Ray ships it), or None."""
+    base = OmegaConf.structured(EnvConfig)
+    return base if cfg is None else OmegaConf.merge(base, cfg)
+
+
+def device_health() -> dict[str, Any]:
+    """Memory and utilisation of the visible GPUs through NVML; empty on a machine without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        report = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            report[i] = {"used_gib": mem.used / 2**30, "total_gib": mem.total / 2**30,
+                         "util": pynvml.nvmlDeviceGetUtilizationRates(h).gpu}
+        return report
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class EnvPool:
+    """The evaluation service of one worker; the Ray actor below wraps it, tests use it directly."""
+
+    def __init__(self, cfg: EnvConfig | Mapping[str, Any] | None = None, max_pending: int = 64):
+        self.ctx = EvalContext(cfg=env_config(cfg))
+        self.slots = asyncio.Semaphore(max_pending)
+        self.stats = WorkerStats()
+        self._busy_since: float | None = None
+
+    async def evaluate(self, task: Task | Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> EvalResult:
+        task = task if isinstance(task, Task) else Task.from_dict(dict(task))
+        async with self.slots:
+            self._enter()
+            try:
+                result = await evaluate(self.ctx, task, files, mode)
+                if result.failure == "infra":
+                    self.stats.retried += 1
+                    result = await evaluate(self.ctx, task, files, mode)
+                    self.stats.infra_failures += result.failure == "infra"
+                self.stats.evaluated += 1
+                return result
+            finally:
+                self._leave()
+
+    def _enter(self) -> None:
+        self.stats.pending += 1
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+
+    def _leave(self) -> None:
+        self.stats.pending -= 1
+        if self.stats.pending == 0 and self._busy_since is not None:
+            self.stats.busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    def health(self) -> dict[str, Any]:
+        return {"stats": self.stats.__dict__.copy(), "devices": device_health()}
+
+
+@ray.remote
+class EnvWorker:
+    """Ray actor around EnvPool; results travel as msgpack-ready dicts (EvalResult.to_dict())."""
+
+    def __init__(self, cfg: Mapping[str, Any] | None = None, max_pending: int = 64):
+        self.pool = EnvPool(cfg, max_pending)
+
+    async def evaluate(self, task: Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> dict[str, Any]:
+        return (await self.pool.evaluate(task, files, mode)).to_dict()
+
+    async def health(self) -> dict[str, Any]:
+        return self.pool.health()

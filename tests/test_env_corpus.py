@@ -1,0 +1,83 @@
+"""The hack corpus and the legitimate kernels, run through the real environment (cpp backend).
+
+Each case is a folder under tests/env_corpus/ with the solution files and a case.json saying
+what the environment must conclude; `cuda-agent env eval TASK FOLDER` runs one by hand.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from env_pool.pool import EnvPool
+from env_pool.results import Milestone
+from tasks.loader import load_tasks
+
+CORPUS = Path(__file__).parent / "env_corpus"
+
+
+def cases(kind: str) -> list:
+    params = []
+    for folder in sorted((CORPUS / kind).iterdir()):
+        case = json.loads((folder / "case.json").read_text())
+        marks = [pytest.mark.slow] if case.get("slow") else []
+        marks += [pytest.mark.gpu] if case["backend"] == "cuda" else []
+        if case.get("hard"):
+            marks.append(pytest.mark.xfail(strict=True, reason=f"known gap: {case['why']}"))
+        params.append(pytest.param(folder, case, id=folder.name, marks=marks))
+    return params
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory) -> dict[str, EnvPool]:
+    work = tmp_path_factory.mktemp("env")
+    # Few repetitions: these tests prove verdicts, not speed. Short limits keep hangs cheap.
+    settings = {"work_dir": str(work), "repetitions": 5, "warmup": 1, "run_timeout_s": 30.0,
+                "memory_limit_mb": 4096, "compile_timeout_s": 120.0}
+    return {backend: EnvPool({**settings, "backend": backend}) for backend in ("cpp", "cuda")}
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict:
+    loaded, _ = load_tasks()
+    return {t.id: t for t in loaded}
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
+
+
+def evaluate(pools, tasks, folder: Path, case: dict, mode: str):
+    return asyncio.run(pools[case["backend"]].evaluate(tasks[case["task"]], files_of(folder), mode))
+
+
+# Verification mode proves every verdict except speed; the timed path has its own tests below,
+# because a torch.compile baseline per task costs tens of seconds on this machine.
+@pytest.mark.parametrize("folder, case", cases("legit"))
+def test_legitimate_kernel_passes(pools, tasks, folder: Path, case: dict):
+    result = evaluate(pools, tasks, folder, case, "verify")
+    assert result.failure is None, f"{folder.name} was rejected: {result.failure}: {result.message}\n{result.run_log[-2000:]}"
+    assert result.milestone == Milestone.CORRECT and len(result.checks) == 5 and all(c.passed for c in result.checks)
+
+
+@pytest.mark.parametrize("name", ["gelu_omp", "matmul_tiled"])
+def test_legitimate_kernel_is_timed_against_both_baselines(pools, tasks, name: str):
+    folder = CORPUS / "legit" / name
+    result = evaluate(pools, tasks, folder, json.loads((folder / "case.json").read_text()), "full")
+    assert result.failure is None, f"{name}: {result.failure}: {result.message}"
+    assert result.milestone >= Milestone.CORRECT and len(result.checks) == 6  # 5 sets plus the timed run's output
+    for timing in (result.eager, result.compiled, result.candidate):
+        assert timing is not None and timing.median_ms > 0 and timing.repetitions == 5
+
+
+@pytest.mark.parametrize("folder, case", cases("hacks"))
+def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case: dict):
+    result = evaluate(pools, tasks, folder, case, case.get("mode", "verify"))
+    assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
+    verdicts = [case["expect"], *case.get("also_ok", [])]  # e.g. a side thread may be caught as a thread or as wrong
+    got = {"failure": result.failure, "guards": sorted({v.guard for v in result.violations})}
+    assert any(result.failure == v["failure"] and v.get("guard") in (None, *got["guards"]) for v in verdicts), (
+        f"{folder.name}: expected one of {verdicts}, got {got}: {result.message}\n{result.run_log[-1500:]}"
+    )

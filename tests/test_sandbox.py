@@ -1,0 +1,533 @@
+"""env_pool.sandbox: real child processes, each hostile case a small Python program."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, _HeadTail, run_sandboxed
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": str(REPO)}
+
+
+def run(code: str, scratch: Path, payload: bytes = b"", **limits) -> SandboxOutcome:
+    limits.setdefault("wall_s", 20.0)
+    return run_sandboxed(
+        [sys.executable, "-c", textwrap.dedent(code)], payload, scratch, SandboxLimits(**limits), env=ENV
+    )
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def assert_no_survivors(marker: str) -> None:
+    deadline = time.monotonic() + 3.0
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = marked_processes(marker)
+    for p in left:  # do not leave them behind even when the test fails
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes outlived the evaluation: {left}"
+
+
+@pytest.fixture
+def outside_tmp():
+    """A directory on the real root filesystem (not /tmp, which the sandbox replaces)."""
+    d = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- normal runs ------------------------------------------------------------------------------
+
+
+def test_normal_child_returns_result_and_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_AGENT_TEST_SECRET", "hunter2")
+    out = run(
+        """
+        import os, sys
+        from env_pool.sandbox import child_result_channel
+        channel = child_result_channel()
+        data = sys.stdin.buffer.read()
+        print("payload", len(data), "home", os.environ["HOME"], "cwd", os.getcwd())
+        print("secret" if "CUDA_AGENT_TEST_SECRET" in os.environ else "clean env")
+        print("to stderr", file=sys.stderr)
+        open("written.txt", "w").write("ok")
+        channel.write(data[::-1])
+        channel.close()
+        """,
+        tmp_path,
+        payload=b"hello sandbox",
+    )
+    assert out.failure is None, out
+    assert out.returncode == 0 and out.signal_name is None
+    assert out.result == b"xobdnas olleh"
+    assert f"payload 13 home {tmp_path} cwd {tmp_path}" in out.output
+    assert "clean env" in out.output and "to stderr" in out.output
+    assert (tmp_path / "written.txt").read_text() == "ok"
+    assert {"session", "rss-watchdog", "wall-clock", "tree-kill"} <= set(out.isolation)
+    assert 0 < out.wall_s < 20
+
+
+def test_clean_exit_without_result_is_not_a_failure(tmp_path):
+    out = run("print('compiled')", tmp_path)
+    assert out.failure is None and out.result is None and "compiled" in out.output
+
+
+def test_nonzero_exit_without_result_is_a_crash(tmp_path):
+    out = run("import sys; print('boom'); sys.exit(3)", tmp_path)
+    assert out.returncode == 3 and out.failure == "crash"
+    answered = run(
+        """
+        import sys
+        from env_pool.sandbox import child_result_channel
+        child_result_channel().write(b"error report")
+        sys.exit(3)
+        """,
+        tmp_path,
+    )
+    assert answered.returncode == 3 and answered.result == b"error report" and answered.failure is None
+
+
+# ---- hangs and crashes ------------------------------------------------------------------------
+
+
+def test_infinite_loop_times_out(tmp_path):
+    t0 = time.monotonic()
+    out = run("while True: pass", tmp_path, wall_s=1.0)
+    assert out.timed_out and out.failure == "timeout"
+    assert out.signal_name == "SIGKILL"
+    assert time.monotonic() - t0 < 6
+
+
+def test_sleeping_child_times_out(tmp_path):
+    out = run("import time; time.sleep(60)", tmp_path, wall_s=0.5)
+    assert out.timed_out and out.failure == "timeout" and out.wall_s < 3
+
+
+def test_cpu_limit(tmp_path):
+    out = run("while True: pass", tmp_path, wall_s=15.0, cpu_s=1.0)
+    assert out.cpu_limited and not out.timed_out, out
+    assert out.failure == "timeout" and out.signal_name in ("SIGXCPU", "SIGKILL")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGSEGV)",
+        "import ctypes; print('before', flush=True); ctypes.string_at(0)",
+    ],
+    ids=["kill-self", "null-deref"],
+)
+def test_segfault_is_a_crash(tmp_path, code):
+    out = run(code, tmp_path)
+    assert out.signal_name == "SIGSEGV" and out.returncode is None
+    assert out.failure == "crash" and "before" in out.output
+    assert not list(tmp_path.glob("core*"))  # RLIMIT_CORE=0
+
+
+def test_abort_is_a_crash(tmp_path):
+    out = run("import os; os.abort()", tmp_path)
+    assert out.signal_name == "SIGABRT" and out.failure == "crash"
+
+
+# ---- memory -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(20 << 30)",
+        "import numpy; x = numpy.ones(20 << 27)",  # 20 GiB of float64
+    ],
+    ids=["bytearray", "numpy"],
+)
+def test_memory_bomb_fails_allocation(tmp_path, code):
+    """CPU runs: RLIMIT_AS makes the 20 GiB allocation fail at once (MemoryError)."""
+    out = run(code, tmp_path, memory_mb=2048)
+    assert out.out_of_memory and out.failure == "out_of_memory", out
+    assert "MemoryError" in out.output
+
+
+@pytest.mark.parametrize("use_gpu", [False, True], ids=["cpu", "gpu-mode-no-rlimit-as"])
+def test_memory_bomb_killed_by_watchdog(tmp_path, use_gpu):
+    """Memory touched step by step (and, in GPU mode, no RLIMIT_AS at all): the watchdog kills."""
+    code = """
+        chunks = []
+        while True:
+            chunks.append(b"x" * (64 << 20))
+        """
+    out = run(code, tmp_path, memory_mb=1024, use_gpu=use_gpu)
+    assert out.out_of_memory and out.failure == "out_of_memory", out
+    assert out.signal_name == "SIGKILL"
+    assert ("rlimit-as" in out.isolation) is (not use_gpu)
+    assert psutil.virtual_memory().available > 2 << 30  # the machine is fine
+
+
+# ---- processes ----------------------------------------------------------------------------------
+
+
+def test_forked_children_are_all_killed(tmp_path):
+    marker = f"sandbox-fork-{uuid.uuid4().hex}"
+    out = run(
+        f"""
+        # {marker}
+        import os, time
+        pids = []
+        for _ in range(50):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(300)
+                os._exit(0)
+            pids.append(pid)
+        print("forked", len(pids))
+        """,
+        tmp_path,
+    )
+    assert "forked 50" in out.output and out.failure is None
+    assert_no_survivors(marker)
+
+
+def test_daemonised_grandchild_does_not_outlive_the_evaluation(tmp_path):
+    marker = f"sandbox-daemon-{uuid.uuid4().hex}"
+    out = run(
+        f"""
+        # {marker}
+        import os, time
+        if os.fork() == 0:
+            os.setsid()  # leaves the process group
+            if os.fork() == 0:
+                open("daemon_started", "w").close()
+                time.sleep(300)
+            os._exit(0)
+        while not os.path.exists("daemon_started"):
+            time.sleep(0.01)
+        print("daemon running")
+        """,
+        tmp_path,
+    )
+    assert "daemon running" in out.output and (tmp_path / "daemon_started").exists()
+    assert_no_survivors(marker)
+
+
+def test_timeout_kills_the_whole_tree(tmp_path):
+    marker = f"sandbox-tree-{uuid.uuid4().hex}"
+    out = run(
+        f"""
+        # {marker}
+        import os, subprocess, sys, time
+        for _ in range(5):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "{marker}"],
+                             start_new_session=True)
+        time.sleep(300)
+        """,
+        tmp_path,
+        wall_s=2.0,
+    )
+    assert out.timed_out
+    assert_no_survivors(marker)
+
+
+def test_fork_bomb_is_capped_by_pids_cgroup(tmp_path):
+    marker = f"sandbox-bomb-{uuid.uuid4().hex}"
+    out = run(
+        f"""
+        # {marker}
+        import os, time
+        ok = failed = 0
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                failed += 1
+                continue
+            if pid == 0:
+                time.sleep(300)
+                os._exit(0)
+            ok += 1
+        print("forked", ok, "refused", failed)
+        """,
+        tmp_path,
+        max_pids=64,
+    )
+    if "cgroup-pids" not in out.isolation:
+        assert_no_survivors(marker)
+        pytest.skip("no pids cgroup on this machine: fork bombs are bounded by memory and wall clock")
+    forked = int(out.output.split("forked ")[1].split()[0])
+    assert forked < 64 and "refused" in out.output
+    assert_no_survivors(marker)
+
+
+# ---- network ------------------------------------------------------------------------------------
+
+
+def test_network_is_unreachable(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted = []
+
+    def serve():
+        server.settimeout(15)
+        try:
+            while True:
+                conn, _ = server.accept()
+                accepted.append(conn)
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    code = f"""
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+            print("CONNECTED")
+        except OSError as e:
+            print("BLOCKED", e)
+        """
+    try:
+        allowed = run(code, tmp_path, allow_network=True)
+        assert "CONNECTED" in allowed.output  # the server is reachable without isolation
+        out = run(code, tmp_path)
+        if "netns" not in out.isolation:
+            pytest.skip("network namespaces unavailable on this machine")
+        assert "BLOCKED" in out.output, out.output
+        assert len(accepted) == 1
+    finally:
+        server.close()
+
+
+# ---- filesystem -------------------------------------------------------------------------------
+
+
+def test_filesystem_is_read_only_outside_scratch(tmp_path):
+    name = f"should_not_exist_{uuid.uuid4().hex}"
+    targets = [REPO / name, Path("/root") / name, Path(sys.executable).parent / name]
+    out = run(
+        f"""
+        import os
+        for path in {[str(t) for t in targets]!r}:
+            try:
+                open(path, "w").write("x")
+                print("WROTE", path)
+            except OSError as e:
+                print("refused", path, e.strerror)
+        open("inside.txt", "w").write("fine")
+        os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+        open(os.path.join(os.environ["TMPDIR"], "t"), "w").write("fine")
+        open("/tmp/{name}", "w").write("private tmp")
+        open("/dev/shm/{name}", "w").write("private shm")
+        open("/dev/null", "w").write("discarded")
+        for path in ["/proc/sys/vm/drop_caches", "/proc/sys/kernel/hostname", "/proc/sysrq-trigger",
+                     "/proc/irq/default_smp_affinity"]:
+            try:
+                os.close(os.open(path, os.O_WRONLY))
+                print("OPENED", path)
+            except OSError as e:
+                print("refused", path, e.strerror)
+        open("/proc/self/comm", "w").write("renamed")  # libcuda needs its own /proc entries writable
+        print("comm:", open("/proc/self/comm").read().strip())
+        print("dev:", sorted(os.listdir("/dev")))
+        print("caps:", [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0])
+        print("procs:", len([p for p in os.listdir("/proc") if p.isdigit()]))
+        """,
+        tmp_path,
+    )
+    try:
+        assert out.failure is None, out
+        if "readonly-root" not in out.isolation:
+            pytest.skip("mount namespaces unavailable on this machine")
+        assert "WROTE" not in out.output and "OPENED" not in out.output, out.output
+        assert all(not t.exists() for t in targets)
+        assert (tmp_path / "inside.txt").read_text() == "fine"
+        assert (tmp_path / "tmp" / "t").read_text() == "fine"
+        assert not Path(f"/tmp/{name}").exists() and not Path(f"/dev/shm/{name}").exists()
+        dev = out.output.split("dev: ")[1].splitlines()[0]
+        assert "'null'" in dev and "vda" not in dev and "loop0" not in dev
+        assert "caps: 0000000000000000" in out.output
+        assert "comm: renamed" in out.output
+        if "pidns" in out.isolation:
+            assert int(out.output.split("procs: ")[1].split()[0]) <= 3  # init, the child, maybe ls
+    finally:
+        for t in targets:
+            t.unlink(missing_ok=True)
+
+
+def test_scratch_outside_tmp_is_writable(outside_tmp):
+    out = run("open('x.txt', 'w').write('ok'); print(open('x.txt').read())", outside_tmp)
+    assert out.failure is None and "ok" in out.output
+    assert (outside_tmp / "x.txt").read_text() == "ok"
+
+
+def test_hidden_paths_are_invisible(tmp_path, outside_tmp):
+    private = outside_tmp / "private"
+    private.mkdir()
+    (private / "expected.txt").write_text("the answer is 42")
+    secret_file = outside_tmp / "seed.txt"
+    secret_file.write_text("1234")
+    out = run_sandboxed(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import ctypes, os
+            print("listing:", os.listdir({str(private)!r}))
+            for path in [{str(private / "expected.txt")!r}, {str(secret_file)!r}]:
+                try:
+                    print("READ", repr(open(path).read()))
+                except OSError as e:
+                    print("unreadable", e.strerror)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.umount2({str(private).encode()!r}, 2) == 0:
+                print("UNMOUNTED", os.listdir({str(private)!r}))
+            else:
+                print("umount refused", os.strerror(ctypes.get_errno()))
+            """)],
+        b"", tmp_path, SandboxLimits(wall_s=20, hidden_paths=[private]), env=ENV,
+        hidden_paths=[secret_file],
+    )
+    if "hidden-paths" not in out.isolation:
+        pytest.skip("mount namespaces unavailable on this machine")
+    assert "listing: []" in out.output
+    assert "the answer" not in out.output and "1234" not in out.output and "READ" not in out.output.replace("READ ''", "")
+    assert "UNMOUNTED" not in out.output and "umount refused" in out.output
+    assert (private / "expected.txt").read_text() == "the answer is 42"  # untouched outside
+
+
+def test_required_isolation_missing_refuses_to_run(tmp_path):
+    with pytest.raises(SandboxError, match="no-such-protection"):
+        run("open('ran', 'w')", tmp_path, required_isolation=("no-such-protection",))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_unexecutable_program_is_a_sandbox_error(tmp_path):
+    with pytest.raises(SandboxError, match="could not execute"):
+        run_sandboxed(["/nonexistent/program"], b"", tmp_path, SandboxLimits(wall_s=10))
+
+
+# ---- I/O --------------------------------------------------------------------------------------
+
+
+def test_large_output_is_trimmed_and_bounded(tmp_path):
+    tracemalloc.start()
+    try:
+        out = run(
+            """
+            import sys
+            sys.stdout.write("FIRST LINE\\n")
+            line = "y" * 99 + "\\n"
+            for _ in range(100_000):
+                sys.stdout.write(line)
+            sys.stdout.write("LAST LINE\\n")
+            """,
+            tmp_path,
+            max_output_chars=4000,
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.failure is None
+    assert out.output.startswith("FIRST LINE") and out.output.rstrip().endswith("LAST LINE")
+    assert "bytes of output cut" in out.output and len(out.output) < 4200
+    assert peak < 4 << 20, f"parent kept {peak} bytes for 10 MB of output"
+
+
+def test_child_that_never_reads_stdin_completes(tmp_path):
+    out = run("print('not reading')", tmp_path, payload=b"z" * (50 << 20))
+    assert out.failure is None and "not reading" in out.output and out.wall_s < 10
+
+
+def test_large_result_round_trips(tmp_path):
+    out = run(
+        """
+        from env_pool.sandbox import child_result_channel
+        with child_result_channel() as ch:
+            ch.write(b"r" * (20 << 20))
+        """,
+        tmp_path,
+    )
+    assert out.failure is None and out.result == b"r" * (20 << 20)
+
+
+def test_concurrent_runs_do_not_mix(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    code = """
+        import sys
+        from env_pool.sandbox import child_result_channel
+        ch = child_result_channel()
+        data = sys.stdin.buffer.read()
+        print("run", data.decode())
+        ch.write(data * 3)
+        """
+
+    def one(i: int) -> SandboxOutcome:
+        return run(code, tmp_path / f"run{i}", payload=str(i).encode())
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(one, range(4)))
+    for i, out in enumerate(outs):
+        assert out.failure is None and out.result == str(i).encode() * 3 and f"run {i}" in out.output
+
+
+def test_head_tail_buffer():
+    buf = _HeadTail(10)
+    for chunk in [b"abc", b"defgh", b"ijklmnop", b"qrstuvwxyz"]:
+        buf.add(chunk)
+    assert buf.text() == "abcde\n[... 16 bytes of output cut ...]\nvwxyz"
+    small = _HeadTail(100)
+    small.add(b"short")
+    assert small.text() == "short"
+
+
+def test_failure_kinds():
+    base = dict(returncode=0, signal_name=None, timed_out=False, out_of_memory=False, cpu_limited=False,
+                output="", result=b"r", wall_s=1.0)
+    assert SandboxOutcome(**base).failure is None
+    assert SandboxOutcome(**{**base, "timed_out": True, "signal_name": "SIGKILL"}).failure == "timeout"
+    assert SandboxOutcome(**{**base, "cpu_limited": True}).failure == "timeout"
+    assert SandboxOutcome(**{**base, "out_of_memory": True}).failure == "out_of_memory"
+    assert SandboxOutcome(**{**base, "returncode": None, "signal_name": "SIGSEGV"}).failure == "crash"
+    assert SandboxOutcome(**{**base, "returncode": 1, "result": None}).failure == "crash"
+    assert SandboxOutcome(**{**base, "returncode": 1}).failure is None
+
+
+# ---- torch ------------------------------------------------------------------------------------
+
+
+def test_torch_works_under_default_limits(tmp_path):
+    out = run_sandboxed(
+        [sys.executable, "-c", "import torch; print('sum', torch.randn(1000, 1000).sum().item())"],
+        b"", tmp_path, SandboxLimits(),
+    )
+    assert out.failure is None, out.output
+    assert "sum " in out.output
+    assert "rlimit-as" in out.isolation
+
+
+@pytest.mark.gpu
+def test_cuda_works_with_every_isolation(tmp_path):
+    code = "import torch; x = torch.randn(1024, 1024, device='cuda'); print('cuda ok', (x @ x).sum().item())"
+    out = run_sandboxed([sys.executable, "-c", code], b"", tmp_path, SandboxLimits(wall_s=120, use_gpu=True))
+    assert out.failure is None, out.output
+    assert "cuda ok" in out.output
+    for protection in ("netns", "pidns", "procfs", "readonly-root", "private-dev", "no-caps"):
+        assert protection in out.isolation, f"{protection} not applied on this machine: {out.isolation}"
+    hidden = run_sandboxed([sys.executable, "-c", code], b"", tmp_path, SandboxLimits(wall_s=120))
+    assert hidden.failure == "crash"  # CPU runs see no GPU at all
