@@ -79,8 +79,9 @@ def snapshot_watched() -> dict[tuple[str, str], Any]:
 
 
 def check_tamper(state: GuardState, before: dict[tuple[str, str], Any]) -> None:
+    now = snapshot_watched()
     for key, original in before.items():
-        if snapshot_watched()[key] is not original:
+        if now[key] is not original:
             state.flag("tamper", f"{key[0]}.{key[1]} was replaced")
 
 
@@ -136,8 +137,8 @@ def _check_read(state: GuardState, path: str, proc_self: tuple[str, ...]) -> Non
     if full.startswith("/proc/") and not full.startswith(proc_self):
         state.flag("filesystem", f"tried to read another process's {full!r}")
         raise PermissionError("candidates may not inspect other processes")
-    if _is_package_metadata(full):  # importlib.metadata scans every sys.path entry, the project's too
-        return
+    if _is_package_metadata(full) or not os.path.exists(full):
+        return  # importlib.metadata scans every sys.path entry; a path the sandbox hides reveals nothing
     if not (full.startswith(state.read_roots) or full.startswith(("/proc/", "/dev/", "/sys/", "/usr/", "/lib", "/etc/"))):
         state.flag("filesystem", f"tried to read {path!r} outside its folder")
         raise PermissionError("candidates may read only their own folder and installed libraries")

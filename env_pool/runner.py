@@ -135,9 +135,7 @@ def run_candidate(payload: dict) -> dict:
             synchronize(device)
             guards.check_threads(state, threads)
             mutated |= any(isinstance(b, torch.Tensor) and not torch.equal(b, v) for b, v in zip(before, inputs))
-            # Copied now: a native thread still writing after forward returned must not get a late pass.
-            outputs.append([o.detach().to("cpu", copy=True) for o in out])
-            meta.append([{"device_type": o.device.type, "expected_device_type": device, "contiguous": o.is_contiguous()} for o in out])
+            _record(out, device, outputs, meta)
         if mutated:
             state.flag("input_mutation", "ModelNew.forward changed its inputs in place")
         if prof and not state.violations:
@@ -146,14 +144,19 @@ def run_candidate(payload: dict) -> dict:
             with torch.no_grad():  # the last timed input set's output is checked too: no fast path only when timed
                 out = _outputs(model, profile_sets[-1])
             synchronize(device)
-            outputs.append([o.detach().to("cpu", copy=True) for o in out])
-            meta.append([{"device_type": o.device.type, "expected_device_type": device, "contiguous": o.is_contiguous()} for o in out])
+            _record(out, device, outputs, meta)
             guards.check_threads(state, threads)
         torch.save({"outputs": outputs, "meta": meta}, scratch / "outputs.pt")
     except Exception as err:
         return _finish(result, state, watched, stage="run", error=_short_error(err))
     result["ok"] = True
     return _finish(result, state, watched, stage="done")
+
+
+def _record(out: list[torch.Tensor], device: str, outputs: list, meta: list) -> None:
+    # Copied now: a native thread still writing after forward returned must not get a late pass.
+    outputs.append([o.detach().to("cpu", copy=True) for o in out])
+    meta.append([{"device_type": o.device.type, "expected_device_type": device, "contiguous": o.is_contiguous()} for o in out])
 
 
 def _finish(result: dict, state: guards.GuardState, watched: dict, stage: str, error: str = "") -> dict:

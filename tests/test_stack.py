@@ -324,6 +324,7 @@ def test_deepspeed_zero2_cpu_training_steps_reduce_the_loss(tiny_model_dir, monk
 # --------------------------------------------------------------------------- embedded model
 
 
+@pytest.mark.slow  # 36-90 s on the 2-core machine; setup runs the same conversion on every fresh machine
 def test_embedded_model_converts_once_to_a_folder_that_generates_text_and_is_cached(tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
