@@ -222,6 +222,7 @@ def run_sandboxed(
         "argv": list(argv),
         "scratch": str(scratch),
         "hidden": hidden,
+        "keep": _paths_to_keep(argv, child_env),
         "allow_network": limits.allow_network,
         "use_gpu": limits.use_gpu,
         "tmp_mb": limits.tmp_mb,
@@ -438,6 +439,13 @@ def run_sandboxed(
         cpu_time_s=cpu_time,
         peak_memory_mb=round(peak[0], 1),
     )
+
+
+def _paths_to_keep(argv: list[str], env: dict[str, str]) -> list[str]:
+    """What the child needs to start that the private /tmp would cover: a checkout or venv under /tmp."""
+    wanted = [sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(os.path.abspath(argv[0])),
+              *env.get("PYTHONPATH", "").split(os.pathsep), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    return sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p) and os.path.realpath(p).startswith("/tmp/")})
 
 
 def _child_env(scratch: Path, limits: SandboxLimits, extra: dict[str, str] | None) -> dict[str, str]:
@@ -1096,12 +1104,19 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
 
     tmp_opts = f"size={int(cfg['tmp_mb'])}m,mode=1777"
     if _on("private-tmp"):
+        keep = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in cfg.get("keep", []) if os.path.isdir(p)}
         try:
             libc.mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
             iso.append("private-tmp")
             writable.append("/tmp")
+            for path, fd in keep.items():  # Python, the venv or the sources living under /tmp: bound back
+                os.makedirs(path, exist_ok=True)
+                libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         except OSError:
             pass
+        finally:
+            for fd in keep.values():
+                os.close(fd)
 
     if _on("private-dev") and _private_dev(libc, cfg["use_gpu"], tmp_opts):
         iso.append("private-dev")

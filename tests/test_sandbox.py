@@ -531,3 +531,20 @@ def test_cuda_works_with_every_isolation(tmp_path):
         assert protection in out.isolation, f"{protection} not applied on this machine: {out.isolation}"
     hidden = run_sandboxed([sys.executable, "-c", code], b"", tmp_path, SandboxLimits(wall_s=120))
     assert hidden.failure == "crash"  # CPU runs see no GPU at all
+
+
+def test_sources_under_tmp_stay_importable_while_the_rest_of_tmp_is_private(tmp_path):
+    # A checkout (CI's, say) or venv under /tmp must survive the child's private /tmp.
+    code_dir = Path(tempfile.mkdtemp(prefix="sandbox-src-", dir="/tmp"))
+    secret = Path(tempfile.mkdtemp(prefix="sandbox-secret-", dir="/tmp"))
+    try:
+        (code_dir / "visible_mod.py").write_text("VALUE = 42\n")
+        (secret / "s.txt").write_text("secret")
+        env = {**ENV, "PYTHONPATH": f"{code_dir}{os.pathsep}{ENV.get('PYTHONPATH', '')}"}
+        code = f"import os, visible_mod; print(visible_mod.VALUE, os.path.exists({str(secret)!r}))"
+        out = run_sandboxed([sys.executable, "-c", code], b"", tmp_path, SandboxLimits(wall_s=20.0), env=env)
+        assert out.returncode == 0, out.output
+        assert "42 False" in out.output
+    finally:
+        shutil.rmtree(code_dir, ignore_errors=True)
+        shutil.rmtree(secret, ignore_errors=True)
