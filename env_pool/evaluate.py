@@ -88,14 +88,8 @@ async def evaluate(ctx: EvalContext, task: Task, files: Mapping[str, str], mode:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
     result.wall_s = time.perf_counter() - start
-    return apply_reward(result, ctx.cfg.reward) if result.failure is None and mode == "full" else _fail_or_pass(result, ctx)
-
-
-def _fail_or_pass(result: EvalResult, ctx: EvalContext) -> EvalResult:
-    if result.failure is None and result.checks and all(c.passed for c in result.checks):
-        return apply_reward(result, ctx.cfg.reward)  # verify mode: correct at most
-    result.reward = ctx.cfg.reward.failure
-    return result
+    # One rule for every mode: a failure or an unchecked result is FAIL; without timings, CORRECT at most.
+    return apply_reward(result, ctx.cfg.reward)
 
 
 async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) -> None:
