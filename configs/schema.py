@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 
 class Backend(str, Enum):
@@ -23,6 +23,28 @@ class StageName(str, Enum):
     value_pretrain = "value_pretrain"
     agentic_ppo = "agentic_ppo"
     recipe = "recipe"  # all four, in the paper's order
+
+
+class PlacementStrategy(str, Enum):
+    PACK = "PACK"  # as few nodes as possible, spilling over when one is full
+    SPREAD = "SPREAD"  # across nodes where possible
+    STRICT_PACK = "STRICT_PACK"  # all on one node, or fail
+    STRICT_SPREAD = "STRICT_SPREAD"  # every bundle on a different node, or fail
+
+
+class StalePolicy(str, Enum):
+    drop = "drop"  # discard trajectories beyond max_staleness
+    downweight = "downweight"  # train on them with weight stale_weight ** (versions beyond max_staleness)
+
+
+class KLMode(str, Enum):
+    penalty = "penalty"  # -kl_coef * (log mu - log ref) added to each generated token's reward (k1)
+    loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
+
+
+class LRSchedule(str, Enum):
+    constant = "constant"  # the full rate after warm-up
+    cosine = "cosine"  # cosine decay after warm-up to min_lr_ratio of the rate at the stage's last step
 
 
 class ToolCallFormat(str, Enum):
@@ -48,6 +70,13 @@ class ClusterConfig:
     learner_gpus: int = 0  # GPUs for the learner group; 0 trains on the CPU (gloo)
     colocate: bool = False  # generator and learner share GPUs (weights swap through CUDA IPC)
     num_cpus: Optional[int] = None  # CPUs for a local cluster; None: all of this machine's
+    num_gpus: Optional[int] = None  # GPUs for a local cluster; None: all of this machine's
+    env_colocate: bool = False  # env workers time kernels on the generators' GPUs instead of their own (one- and two-GPU machines)
+    generator_cpus: float = 1.0  # CPUs reserved per generator (its engine's scheduler; with generator_gpus 0, the model too)
+    env_worker_cpus: float = 1.0  # CPUs reserved per env worker (its compile pool; the cpp backend also times on them)
+    learner_cpus: float = 1.0  # CPUs reserved per learner rank (one rank per learner GPU, or one rank on the CPU)
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # how Ray places the reserved bundles over nodes
+    placement_timeout_s: float = 120.0  # wait this long for the reservation when other jobs hold the resources
 
 
 @dataclass
@@ -61,6 +90,25 @@ class RolloutConfig:
     observation_max_chars: int = 4000  # tool output longer than this is truncated, saying what was cut
     episode_timeout_s: float = 3600.0  # wall-clock budget per episode
     tool_call_format: ToolCallFormat = ToolCallFormat.hermes  # how the model writes tool calls
+    keep_recent_observations: int = 2  # at the context budget, older tool observations are elided, these newest kept
+    min_new_tokens: int = 256  # a turn with less room left in the context than this ends the episode ("context")
+    max_turns_without_call: int = 3  # consecutive turns with no tool call before the episode ends ("model_stop")
+    skill_in_prompt: bool = True  # SKILL.md in the system prompt; False: only in the workspace, for models with short contexts
+    seed: int = 0  # seeds the vLLM engine's sampler (per-request seeds are not used: samples of one prompt must differ)
+    prefix_caching: bool = True  # vLLM reuses the KV of shared prefixes (the system prompt, SKILL.md, earlier turns)
+    gpu_memory_utilization: float = 0.85  # share of GPU memory vLLM may take (weights, activations, KV cache)
+    kv_cache_gib: Optional[float] = None  # fixed KV-cache size in GiB; None: from gpu_memory_utilization on GPU, 2 GiB on CPU
+    max_num_seqs: Optional[int] = None  # sequences vLLM batches at once; None: vLLM's default
+    enforce_eager: Optional[bool] = None  # skip CUDA graphs and torch.compile; None: True on CPU, False on GPU
+    flashinfer_sampler: bool = False  # GPU: vLLM's FlashInfer sampler (faster top-p, but a ~2 min JIT compile on a fresh machine)
+    logprobs_mode: str = "processed_logprobs"  # vLLM logprobs_mode: processed_logprobs is the distribution tokens are drawn from (after temperature, top_p)
+    weight_swap_mode: str = "wait"  # at a weight swap, in-flight requests finish on the old weights (wait) or freeze and go on with the new (keep)
+    weight_bucket_mb: int = 512  # weights cross into the vLLM workers in RPC messages of about this size (CPU path)
+    engine_overrides: dict[str, Any] = field(default_factory=dict)  # extra vLLM AsyncEngineArgs by name, for what this section does not cover
+    generation_rps: float = 0.0  # generation requests per second per policy (OpenAI endpoints); 0: unlimited
+    openai_api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the endpoint's API key (unset: no key sent)
+    openai_timeout_s: float = 600.0  # wall-clock limit of one chat-completion request
+    openai_retries: int = 5  # retries after connection errors, timeouts, 429 and 5xx, with exponential backoff
 
 
 @dataclass
@@ -88,7 +136,21 @@ class EnvConfig:
     compile_mode: str = "default"  # torch.compile mode of the baseline: default or max-autotune
     threads: int = 1  # CPU threads of the reference and the candidate (torch and OpenMP), the same for both
     work_dir: str = "~/.cache/cuda-agent/env"  # compile cache, scratch folders, and the verifier's private data
+    seccomp: bool = True  # kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
+    ncu_timeout_s: float = 180.0  # wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
+    ncu_max_kernels: int = 20  # kernel launches of one forward call that ncu profiles and summarises
+    ncu_admin: bool = False  # keep CAP_SYS_ADMIN in the ncu run where the driver restricts GPU counters to admins; it lets the candidate undo the sandbox's mounts: trusted candidates only
+    hang_check_s: float = 5.0  # after a timed-out or failed GPU run: seconds of NVML samples; utilisation pinned at 100% throughout marks the device hung
+    hang_probe_timeout_s: float = 90.0  # after a timed-out or failed GPU run: limit of a fresh child that initialises CUDA; its failure marks the worker unhealthy
     reward: RewardConfig = field(default_factory=RewardConfig)  # the milestone reward schedule
+
+
+@dataclass
+class RFTConfig:
+    reward_threshold: float = 1.0  # keep episodes whose reward is at least this (env.reward: 1 correct, 2 faster than eager, 3 faster than compile)
+    max_invalid_call_rate: float = 0.1  # drop episodes where more than this fraction of tool calls were malformed or unknown
+    max_repeated_actions: int = 3  # drop episodes where one action (identical turn) repeats more than this many turns in a row
+    lr: float = 1.0e-5  # learning rate of rejection fine-tuning (same warm-up and schedule as PPO)
 
 
 @dataclass
@@ -104,10 +166,20 @@ class LearnerConfig:
     kl_coef: float = 0.0  # KL to the frozen reference; 0 loads no reference model
     entropy_coef: float = 0.0  # entropy bonus
     importance_cap: float = 2.0  # cap of the truncated importance weight for stale behaviour policies
-    micro_batch_tokens: int = 8192  # tokens per packed micro-batch
-    grad_accum: int = 1  # micro-batches per optimiser step
+    kl_mode: KLMode = KLMode.penalty  # how kl_coef enters: in the per-token reward, or as a loss term
+    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch (segments concatenated, no padding; a longer segment gets its own)
+    ppo_epochs: int = 1  # passes over each batch of trajectories
+    ppo_minibatches: int = 1  # optimiser steps per pass: the batch's micro-batches split into this many groups of about equal generated tokens
+    whiten_advantages: bool = True  # normalise advantages to zero mean and unit variance over the batch's generated tokens
+    per_turn_rewards: bool = False  # also credit each turn's milestone reward at its last generated token (the episode reward is always on the last)
+    critic_warmup_steps: int = 0  # learner steps that train only the critic before the policy moves
     grad_checkpointing: bool = True  # recompute activations in backward to fit long contexts
     max_grad_norm: float = 1.0  # gradient clipping
+    weight_decay: float = 0.0  # AdamW weight decay
+    lr_schedule: LRSchedule = LRSchedule.cosine  # learning-rate shape after the linear warm-up
+    min_lr_ratio: float = 0.1  # cosine schedule: final rate as a fraction of the peak
+    attn_implementation: str = "auto"  # transformers attention: auto (flash_attention_2 on GPU when installed, else sdpa), sdpa, eager
+    rft: RFTConfig = field(default_factory=RFTConfig)  # rejection fine-tuning: which trajectories to imitate, and how fast
 
 
 @dataclass
@@ -115,10 +187,16 @@ class StageConfig:
     name: StageName = StageName.recipe  # which training stage to run
     steps: int = 100  # optimiser steps in this stage
     batch_episodes: int = 16  # episodes per learner step
-    max_staleness: int = 1  # drop trajectories more than this many policy versions old
+    max_staleness: int = 1  # trajectories more than this many policy versions old are stale (see stale_policy)
+    stale_policy: StalePolicy = StalePolicy.drop  # what happens to stale trajectories: drop or downweight
+    stale_weight: float = 0.5  # with downweight: the loss weight is this to the power of the versions beyond max_staleness
+    buffer_capacity: int = 64  # trajectories the buffer holds before generators' puts wait (backpressure)
     sync_every: int = 1  # push weights to generators every this many learner steps
     checkpoint_every: int = 10  # save a checkpoint every this many steps
     resume: bool = True  # continue from the latest checkpoint in logging.out_dir
+    tasks: list[str] = field(default_factory=list)  # training problem files or folders; empty: the shipped starter set
+    asynchronous: bool = True  # generators keep generating while the learner trains; False: generate a batch, then train (for comparison)
+    single_turn_max_turns: int = 1  # turn budget of the single-turn PPO warm-up (the final evaluation judges what that turn wrote)
 
 
 @dataclass

@@ -32,11 +32,14 @@ from env_pool.compile import BACKENDS, compile_kernel
 from env_pool.results import EvalResult, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs
 from tasks.task import Task
 
 SOLUTION_FILE = "model_new.py"
-RUNNER = [sys.executable, "-m", "env_pool.runner"]
+# -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
+# torch.py cannot replace what the runner imports before its guards are armed.
+RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
 CANDIDATE_ISOLATION = ("pidns", "mountns", "no-caps", "netns")
 # How allocators report failure when they raise instead of dying: torch on CPU and GPU, C++.
@@ -51,6 +54,10 @@ class Baseline:
     compiled: Timing
 
 
+class WorkerUnhealthy(RuntimeError):
+    """This worker's device was found hung: evaluations fail as infra, to be retried elsewhere."""
+
+
 @dataclass
 class EvalContext:
     """What one worker keeps between evaluations."""
@@ -58,6 +65,16 @@ class EvalContext:
     cfg: Any  # EnvConfig (a DictConfig or the dataclass)
     baselines: dict[tuple[str, str], Baseline] = field(default_factory=dict)
     lane: asyncio.Lock = field(default_factory=asyncio.Lock)  # one timed run per device at a time
+    unhealthy: str = ""  # why the device is unusable (set by env_pool/device_watch.py); empty while healthy
+    after_timeout: Any = None  # async callable run, lane still held, when a timed run times out (device_watch.py)
+
+    @contextlib.asynccontextmanager
+    async def timing_lane(self):
+        """The lane, refused once the device is unhealthy (runs queued behind a hang fail at once)."""
+        async with self.lane:
+            if self.unhealthy:
+                raise WorkerUnhealthy(self.unhealthy)
+            yield
 
     @property
     def work_dir(self) -> Path:
@@ -82,6 +99,8 @@ async def evaluate(ctx: EvalContext, task: Task, files: Mapping[str, str], mode:
         scratch.mkdir(parents=True)
         private.mkdir(parents=True, mode=0o700)
         await _run_steps(ctx, task, dict(files), mode, backend, scratch, private, result)
+    except WorkerUnhealthy as err:
+        _set_failure(result, "infra", f"this worker's device is unhealthy ({err}); retry the evaluation on another worker")
     except (SandboxError, OSError) as err:  # the environment's own fault: the pool retries it once
         _set_failure(result, "infra", f"the environment failed: {type(err).__name__}: {err}")
     finally:
@@ -104,9 +123,11 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
     seeds = _fresh_seeds(ctx.cfg.correctness_inputs)
     if not await _reference_step(ctx, task, backend, seeds, private, result, baseline=mode == "full"):
         return
-    async with ctx.lane:
+    async with ctx.timing_lane():
         outcome = await _child(ctx, "candidate", task, backend, seeds, scratch, [ctx.reference_dir], ctx.cfg.run_timeout_s,
                                profile=mode == "full")
+        if outcome.timed_out and ctx.after_timeout is not None:
+            await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
     _judge(ctx, task, outcome, scratch, private, result, profiled=mode == "full")
 
 
@@ -137,7 +158,7 @@ async def _reference_step(ctx, task, backend, seeds, private, result, baseline: 
     key = (task.id, backend)
     want_baseline = baseline and key not in ctx.baselines
     if want_baseline:
-        async with ctx.lane:  # the baselines are timed runs too; torch.compile may take minutes cold
+        async with ctx.timing_lane():  # the baselines are timed runs too; torch.compile may take minutes cold
             outcome = await _child(ctx, "reference", task, backend, seeds, ctx.reference_dir, [],
                                    ctx.cfg.run_timeout_s + ctx.cfg.compile_timeout_s, private=private, baseline=True)
     else:
@@ -169,12 +190,16 @@ async def _child(ctx, role, task, backend, seeds, cwd, hidden, timeout_s, privat
         payload["baseline"] = {"warmup": cfg.warmup, "repetitions": cfg.repetitions, "compile_mode": cfg.compile_mode}
     if profile:
         payload["profile"] = {"warmup": cfg.warmup, "repetitions": cfg.repetitions}
+    if role == "candidate":
+        payload["seccomp"] = bool(cfg.seccomp)
     limits = SandboxLimits(wall_s=timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
                            allow_network=role == "reference", hidden_paths=list(hidden),
                            # Without these a root candidate could kill the worker or unhide the verifier's data.
                            required_isolation=() if role == "reference" else CANDIDATE_ISOLATION)
     env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
-           "TORCHINDUCTOR_CACHE_DIR": str(ctx.reference_dir / "inductor"),
+           # The reference's compiled baselines are cached in the hidden folder; a candidate that
+           # touches torch._dynamo (the guards' dispatch mode imports it) gets its own, in scratch.
+           "TORCHINDUCTOR_CACHE_DIR": str(ctx.reference_dir / "inductor" if role == "reference" else cwd / ".inductor"),
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), cwd, limits, env)
 
@@ -190,6 +215,12 @@ def _judge(ctx, task, outcome: SandboxOutcome, scratch: Path, private: Path, res
     payload = _decode(outcome)
     result.run_log = outcome.output[-4000:]
     result.violations = [Violation(**v) for v in payload.get("violations", [])]
+    if outcome.signal_name == KILL_SIGNAL and ctx.cfg.seccomp:
+        result.violations.append(Violation("subprocess", "tried to start a process or run a program from native code "
+                                           "(fork, exec or system()): the seccomp filter killed it with SIGSYS"))
+        return _set_failure(result, "guard", "rejected: [subprocess] " + result.violations[-1].reason)
+    if payload.get("stage") == "seccomp":
+        return _set_failure(result, "infra", payload.get("error") or "the seccomp filter could not be installed")
     if outcome.failure:
         what = {"timeout": f"exceeded the {ctx.cfg.run_timeout_s:g} s time limit", "out_of_memory": "exceeded the memory limit",
                 "crash": f"crashed ({outcome.signal_name or 'exit code ' + str(outcome.returncode)})"}[outcome.failure]

@@ -4,6 +4,9 @@ Compiles run concurrently (``compile_workers`` at a time) while one candidate at
 the timing lane, so candidates never time each other. ``max_pending`` bounds the work a
 worker accepts: callers beyond it wait (backpressure) instead of piling up memory. A failure
 of the environment itself ("infra") is retried once; a candidate's own failure never is.
+On a GPU worker a timed-out or infra-failed run has the device examined (device_watch.py):
+a hung device takes the worker out of service, and its evaluations fail as infra at once.
+``ncu`` gives the agent an Nsight Compute summary of its kernels (ncu.py).
 """
 from __future__ import annotations
 
@@ -16,8 +19,12 @@ import ray
 from omegaconf import OmegaConf
 
 from configs.schema import EnvConfig
+from env_pool.device_watch import DeviceWatch
 from env_pool.evaluate import EvalContext, evaluate
+from env_pool.ncu import ncu_summary
+from env_pool.reference_profile import ReferenceProfiles
 from env_pool.results import EvalResult
+from env_pool.reward import apply_reward
 from tasks.task import Task
 
 
@@ -63,6 +70,10 @@ class EnvPool:
         self.ctx = EvalContext(cfg=env_config(cfg))
         self.slots = asyncio.Semaphore(max_pending)
         self.stats = WorkerStats()
+        # After a timeout or infra failure on a GPU: is the device hung? (env_pool/device_watch.py)
+        self.watch = DeviceWatch(self.ctx, enabled=str(getattr(self.ctx.cfg.backend, "value", self.ctx.cfg.backend)) == "cuda")
+        self.watch.attach()
+        self.reference_profiles = ReferenceProfiles()  # per task: the reference does not change
         self._busy_since: float | None = None
 
     async def evaluate(self, task: Task | Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> EvalResult:
@@ -70,15 +81,34 @@ class EnvPool:
         async with self.slots:
             self._enter()
             try:
+                if self.ctx.unhealthy:  # queued behind a hang: fail now, the caller retries elsewhere
+                    self.stats.infra_failures += 1
+                    return self._refused(task)
                 result = await evaluate(self.ctx, task, files, mode)
-                if result.failure == "infra":
+                await self.watch.after(result)
+                if result.failure == "infra" and not self.ctx.unhealthy:
                     self.stats.retried += 1
                     result = await evaluate(self.ctx, task, files, mode)
+                    await self.watch.after(result)
                     self.stats.infra_failures += result.failure == "infra"
                 self.stats.evaluated += 1
                 return result
             finally:
                 self._leave()
+
+    def _refused(self, task: Task) -> EvalResult:
+        result = EvalResult(task_id=task.id, backend=str(getattr(self.ctx.cfg.backend, "value", self.ctx.cfg.backend)),
+                            failure="infra", message=f"this worker's device is unhealthy ({self.ctx.unhealthy}); "
+                                                     "retry the evaluation on another worker")
+        return apply_reward(result, self.ctx.cfg.reward)
+
+    async def ncu(self, task: Task | Mapping[str, Any], files: Mapping[str, str]) -> str:
+        """Nsight Compute summary of the candidate's kernels over one forward call (env_pool/ncu.py)."""
+        task = task if isinstance(task, Task) else Task.from_dict(dict(task))
+        async with self.slots:
+            if self.ctx.unhealthy:
+                return f"unavailable: this worker's device is unhealthy ({self.ctx.unhealthy})"
+            return await ncu_summary(self.ctx, task, files)
 
     def _enter(self) -> None:
         self.stats.pending += 1
@@ -91,8 +121,16 @@ class EnvPool:
             self.stats.busy_s += time.monotonic() - self._busy_since
             self._busy_since = None
 
+    async def profile_reference(self, task: Task | Mapping[str, Any]) -> dict[str, Any]:
+        """The reference's eager time and top operators, for the agent (env_pool/reference_profile.py)."""
+        task = task if isinstance(task, Task) else Task.from_dict(dict(task))
+        async with self.slots:
+            return await self.reference_profiles.get(self.ctx, task)
+
     def health(self) -> dict[str, Any]:
-        return {"stats": self.stats.__dict__.copy(), "devices": device_health()}
+        state = self.watch.state
+        return {"healthy": state.healthy, "unhealthy_reason": state.reason, "unhealthy_since": state.since,
+                "device_checks": state.checks, "stats": self.stats.__dict__.copy(), "devices": device_health()}
 
 
 @ray.remote
@@ -104,6 +142,12 @@ class EnvWorker:
 
     async def evaluate(self, task: Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> dict[str, Any]:
         return (await self.pool.evaluate(task, files, mode)).to_dict()
+
+    async def profile_reference(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.pool.profile_reference(task)
+
+    async def ncu(self, task: Mapping[str, Any], files: Mapping[str, str]) -> str:
+        return await self.pool.ncu(task, files)
 
     async def health(self) -> dict[str, Any]:
         return self.pool.health()

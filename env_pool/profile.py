@@ -33,7 +33,13 @@ class CacheFlusher:
 
 def synchronize(device: str) -> None:
     if device == "cuda":
-        torch.cuda.synchronize()  # the whole device: work on side streams is inside the timed region
+        torch.cuda.synchronize()  # the whole device: work on side streams is finished before outputs are read
+
+
+# Unjoined side-stream work: the device stayed busy after the caller's stream was done for more
+# than this factor of the stream's time plus this slack (launch and sync jitter of an honest kernel).
+ESCAPE_FACTOR = 1.5
+ESCAPE_SLACK_MS = 0.02
 
 
 def time_callable(
@@ -43,28 +49,52 @@ def time_callable(
     warmup: int = 5,
     repetitions: int = 30,
     flusher: CacheFlusher | None = None,
+    streams: dict | None = None,
 ) -> Timing:
-    """Median and IQR of ``fn(*inputs)`` over repetitions that rotate through ``input_sets``."""
+    """Median and IQR of ``fn(*inputs)`` over repetitions that rotate through ``input_sets``.
+
+    On the GPU each repetition is timed twice: CUDA events on the current stream, and the host
+    clock between two whole-device synchronisations (less its fixed cost, measured here). Work
+    launched on another stream and never joined escapes the events but not the host clock: the
+    sample is the larger of the two, and ``streams`` (when given) gets ``escaped`` = True when
+    the device-wide time exceeds the stream's by more than launch jitter explains.
+    """
     flusher = flusher or CacheFlusher(device)
     with torch.no_grad():
         for i in range(warmup):
             fn(*input_sets[i % len(input_sets)])
         synchronize(device)
-        samples = [_time_once(fn, input_sets[i % len(input_sets)], device, flusher) for i in range(repetitions)]
+        overhead = _sync_overhead_ms() if device == "cuda" else 0.0
+        pairs = [_time_once(fn, input_sets[i % len(input_sets)], device, flusher) for i in range(repetitions)]
+    samples = [max(event, wall - overhead) for event, wall in pairs]
+    if streams is not None:
+        event_ms = statistics.median(e for e, _ in pairs)
+        device_ms = statistics.median(w - overhead for _, w in pairs)
+        streams.update(event_ms=event_ms, device_ms=device_ms,
+                       escaped=device == "cuda" and device_ms > ESCAPE_FACTOR * event_ms + ESCAPE_SLACK_MS)
     q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
     return Timing(median_ms=statistics.median(samples), iqr_ms=q3 - q1, repetitions=len(samples))
 
 
-def _time_once(fn: Callable[..., object], inputs: Sequence[object], device: str, flusher: CacheFlusher) -> float:
+def _time_once(fn: Callable[..., object], inputs: Sequence[object], device: str, flusher: CacheFlusher) -> tuple[float, float]:
+    """(stream time, device-wide host time) of one call, in ms; the same number twice on CPU."""
     flusher()
     if device == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         synchronize(device)
+        begin = _clock()
         start.record()
         fn(*inputs)
         end.record()
         synchronize(device)
-        return start.elapsed_time(end)
+        wall = (_clock() - begin) * 1e3
+        return start.elapsed_time(end), wall
     begin = _clock()
     fn(*inputs)
-    return (_clock() - begin) * 1e3
+    elapsed = (_clock() - begin) * 1e3
+    return elapsed, elapsed
+
+
+def _sync_overhead_ms(rounds: int = 20) -> float:
+    """Host time of record, record, synchronise around nothing: what an empty call costs on the host clock."""
+    return statistics.median(max(0.0, w - e) for e, w in (_time_once(lambda: None, (), "cuda", lambda: None) for _ in range(rounds)))

@@ -26,7 +26,7 @@ from typing import Any
 import msgpack
 import torch
 
-from env_pool import guards
+from env_pool import guards, seccomp
 from env_pool.inputs import adversarial, make_inputs, make_model
 from env_pool.profile import CacheFlusher, synchronize, time_callable
 from env_pool.sandbox import child_result_channel
@@ -79,6 +79,10 @@ def run_reference(payload: dict) -> dict:
 
 
 def _load_solution(scratch: Path) -> Any:
+    # Last on the path (the runner starts with -P): the solution may import its own helper
+    # modules, but none of them can shadow an installed one.
+    if str(scratch) not in sys.path:
+        sys.path.append(str(scratch))
     spec = importlib.util.spec_from_file_location(SOLUTION_MODULE, scratch / f"{SOLUTION_MODULE}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[SOLUTION_MODULE] = module
@@ -110,6 +114,12 @@ def run_candidate(payload: dict) -> dict:
         eager = msgpack.packb(time_callable(reference, profile_sets, device, prof["warmup"], prof["repetitions"], flusher).__dict__)
     del reference
     _poison_freed_memory(device)
+    _use_prebuilt_extensions()
+    if payload.get("seccomp", True):
+        try:
+            seccomp.forbid_processes()
+        except OSError as err:  # the environment's fault: reported as infra, never as the candidate's
+            return {"ok": False, "stage": "seccomp", "error": f"could not install the seccomp filter: {err}", "violations": []}
 
     state = guards.install(scratch)
     watched = guards.snapshot_watched()
@@ -139,7 +149,12 @@ def run_candidate(payload: dict) -> dict:
         if mutated:
             state.flag("input_mutation", "ModelNew.forward changed its inputs in place")
         if prof and not state.violations:
-            result["candidate"] = time_callable(model, profile_sets, device, prof["warmup"], prof["repetitions"], flusher).__dict__
+            streams: dict[str, Any] = {}
+            result["candidate"] = time_callable(model, profile_sets, device, prof["warmup"], prof["repetitions"], flusher, streams).__dict__
+            if streams.get("escaped"):
+                state.flag("stream", f"work outside the current stream kept the GPU busy ({streams['device_ms']:.3f} ms per call, "
+                                     f"the current stream {streams['event_ms']:.3f} ms): join side streams to the current stream "
+                                     "before forward returns, or the caller reads unfinished outputs")
             result["eager"] = msgpack.unpackb(eager)
             with torch.no_grad():  # the last timed input set's output is checked too: no fast path only when timed
                 out = _outputs(model, profile_sets[-1])
@@ -151,6 +166,57 @@ def run_candidate(payload: dict) -> dict:
         return _finish(result, state, watched, stage="run", error=_short_error(err))
     result["ok"] = True
     return _finish(result, state, watched, stage="done")
+
+
+def _use_prebuilt_extensions() -> None:
+    """Make load_inline load what the import step built, without running ninja or a compiler.
+
+    In a fresh process load_inline always calls its build function (its version table lives in
+    memory), which starts ninja and queries the compiler: processes, which the candidate's
+    process may not start. The build already happened in the import child, under the compile
+    time limit, in the same TORCH_EXTENSIONS_DIR; here only its library is loaded.
+    """
+    from torch.utils import cpp_extension
+
+    def load_prebuilt(name: str, build_directory: str, **_: Any) -> None:
+        if not os.path.exists(os.path.join(build_directory, f"{name}{cpp_extension.LIB_EXT}")):
+            raise RuntimeError(f"extension {name!r} was not built by the compile step: its sources changed between the "
+                               "compile step and the run (load_inline sources must not depend on run-time state)")
+
+    cpp_extension._write_ninja_file_and_build_library = load_prebuilt
+
+
+def run_ncu(payload: dict) -> dict:
+    """Under ncu (``--profile-from-start off``): a warm-up call, then one forward call between
+    cudaProfilerStart and cudaProfilerStop, so that only the candidate's forward is profiled.
+
+    The guards are armed as for a verification run (no reference, no environment, no writes
+    outside the folder); the seccomp filter is not installed: ncu's injected library runs in
+    this process and its needs are ncu's business. The run is informational, never rewarded.
+    """
+    task, device = _setup(payload)
+    scratch = Path.cwd()
+    problem = build_problem(task, payload["backend"])
+    reference = make_model(problem, payload["init_seed"], device)
+    state_dict = {k: v.clone() for k, v in reference.state_dict().items()}
+    inputs = make_inputs(problem, payload["init_seed"], device)
+    del reference
+    _use_prebuilt_extensions()
+    state = guards.install(scratch)
+    guards.forget_environment_modules()
+    state.armed = True
+    module = _load_solution(scratch)
+    torch.manual_seed(payload["init_seed"])
+    model = module.ModelNew(*problem.get_init_inputs()).to(device).eval()
+    _copy_matching_weights(model, state_dict)
+    with torch.no_grad():
+        model(*inputs)
+        synchronize(device)
+        torch.cuda.profiler.start()
+        model(*inputs)
+        synchronize(device)
+        torch.cuda.profiler.stop()
+    return {"ok": True, "violations": [v.__dict__ for v in state.violations]}
 
 
 def _record(out: list[torch.Tensor], device: str, outputs: list, meta: list) -> None:
@@ -192,16 +258,26 @@ def _short_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).strip()[:800]}" + (f" (at {where})" if where else "")
 
 
-ROLES = {"reference": run_reference, "import": run_import, "candidate": run_candidate}
+ROLES = {"reference": run_reference, "import": run_import, "candidate": run_candidate, "ncu": run_ncu}
 
 
 def main() -> None:
-    payload = msgpack.unpackb(sys.stdin.buffer.read())
-    channel = child_result_channel()  # opened before any candidate code runs
+    if sys.argv[1:2] == ["--payload"]:
+        # Started by a profiler, which need not pass our stdin or the result channel's fd through:
+        # the payload is a file, and the outcome goes to stderr (the profiler's report is the result).
+        payload, channel = msgpack.unpackb(Path(sys.argv[2]).read_bytes()), None
+    else:
+        payload = msgpack.unpackb(sys.stdin.buffer.read())
+        channel = child_result_channel()  # opened before any candidate code runs
     try:
         result = ROLES[payload["role"]](payload)
     except Exception as err:
         result = {"ok": False, "stage": "runner", "error": _short_error(err), "violations": []}
+    if channel is None:
+        print(f"cuda-agent runner: {result}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if result.get("ok") else 1)
     channel.write(msgpack.packb(result))
     channel.flush()
     sys.stdout.flush()

@@ -113,6 +113,12 @@ class SandboxLimits:
     tmp_mb: int = 1024
     # False: the child gets a new network namespace with no interfaces up (not even loopback).
     allow_network: bool = False
+    # With the network namespace: bring its loopback interface up (still no way out of the
+    # namespace). Profilers such as ncu talk to their target process over localhost.
+    loopback: bool = False
+    # Capabilities the child keeps (names as in linux/capability.h, e.g. "CAP_SYS_ADMIN"); all
+    # others are dropped. Any one of them weakens the sandbox: CAP_SYS_ADMIN undoes its mounts.
+    keep_capabilities: tuple[str, ...] = ()
     # True: /dev/nvidia* are visible, CUDA_VISIBLE_DEVICES passes through, no RLIMIT_AS.
     use_gpu: bool = False
     # Paths the child must not see (the environment's expected outputs, seeds, reference code):
@@ -225,6 +231,8 @@ def run_sandboxed(
         "keep": _paths_to_keep(argv, child_env),
         "allow_network": limits.allow_network,
         "use_gpu": limits.use_gpu,
+        "loopback": limits.loopback,
+        "keep_caps": [_CAPABILITIES[name] for name in limits.keep_capabilities],
         "tmp_mb": limits.tmp_mb,
         "rlimits": _rlimits(limits),
         "cgroups": cgroups.join_list(),
@@ -439,6 +447,10 @@ def run_sandboxed(
         cpu_time_s=cpu_time,
         peak_memory_mb=round(peak[0], 1),
     )
+
+
+# The capabilities a run may keep (SandboxLimits.keep_capabilities), by number.
+_CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
 
 def _paths_to_keep(argv: list[str], env: dict[str, str]) -> list[str]:
@@ -888,8 +900,8 @@ class _Libc:
         )
         self._check(ret, f"mount_setattr {path}")
 
-    def drop_all_caps(self) -> None:
-        """Empty the bounding, ambient, effective, permitted and inheritable sets.
+    def drop_all_caps(self, keep: list[int] = ()) -> None:
+        """Empty the bounding, ambient, effective, permitted and inheritable sets (except ``keep``).
 
         The child stays uid 0 (the interpreter lives in /root, mode 0700) but without any
         capability it cannot undo the sandbox: no umount/mount (hidden paths stay hidden, the
@@ -902,11 +914,18 @@ class _Libc:
         except (OSError, ValueError):
             last = 63
         for cap in range(last + 1):
+            if cap in keep:
+                continue
             if not self.prctl(PR_CAPBSET_DROP, cap) and ctypes.get_errno() != errno.EINVAL:
                 self._check(-1, f"drop capability {cap} from the bounding set")
         self.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
         hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)()
+        for cap in keep:  # kept in effective, permitted and inheritable: exec as root keeps them
+            word, bit = divmod(cap, 32)
+            data[word].effective |= 1 << bit
+            data[word].permitted |= 1 << bit
+            data[word].inheritable |= 1 << bit
         self._check(self.capset_(ctypes.byref(hdr), ctypes.byref(data)), "capset")
 
 
@@ -948,6 +967,8 @@ def _shim_main(raw_config: str) -> None:
     # No network: a new network namespace has only a loopback device, and it is down.
     if not cfg["allow_network"] and _on("netns") and libc.unshare(CLONE_NEWNET):
         iso.append("netns")
+        if cfg.get("loopback") and _loopback_up():
+            iso.append("loopback")
     # SysV IPC and POSIX message queues private to the run (no talking to host processes).
     if _on("ipcns") and libc.unshare(CLONE_NEWIPC):
         iso.append("ipcns")
@@ -997,6 +1018,22 @@ def _shim_main(raw_config: str) -> None:
         report(status=status)
     code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
     os._exit(code if code >= 0 else 128 - code)
+
+
+def _loopback_up() -> bool:
+    """Set IFF_UP on the new namespace's lo (SIOCGIFFLAGS / SIOCSIFFLAGS on a throwaway socket)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            req = struct.pack("16sh14x", b"lo", 0)
+            flags = struct.unpack("16sh14x", fcntl.ioctl(sock, 0x8913, req))[1]  # SIOCGIFFLAGS
+            fcntl.ioctl(sock, 0x8914, struct.pack("16sh14x", b"lo", flags | 0x1))  # SIOCSIFFLAGS, IFF_UP
+        return True
+    except OSError:
+        return False
 
 
 def _init_main(libc: _Libc) -> None:
@@ -1050,8 +1087,8 @@ def _child_main(libc: _Libc, cfg: dict, iso: list[str], new_proc: bool, status_f
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the shim's death ends it (no PID namespace)
         if _on("no-caps"):
             try:
-                libc.drop_all_caps()
-                mine.append("no-caps")
+                libc.drop_all_caps(cfg.get("keep_caps", []))
+                mine.append("some-caps-kept" if cfg.get("keep_caps") else "no-caps")
             except OSError:
                 pass
         if _on("no-new-privs") and libc.prctl(PR_SET_NO_NEW_PRIVS, 1):

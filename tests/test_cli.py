@@ -20,7 +20,7 @@ def test_config_show_prints_the_resolved_config_with_overrides():
     assert out.returncode == 0, out.stderr
     shown = yaml.safe_load(out.stdout)
     assert shown["rollout"]["max_turns"] == 9  # override
-    assert shown["rollout"]["episodes_in_flight"] == 4  # from cpu-demo.yaml
+    assert shown["rollout"]["episodes_in_flight"] == 2  # from cpu-demo.yaml
     assert shown["rollout"]["top_p"] == 1.0  # default
     assert "# agent turns per training episode" in out.stdout
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from env_pool.compile import compile_kernel
 from env_pool.pool import EnvPool
 from env_pool.results import EvalResult, Milestone
 from tasks.loader import load_tasks
@@ -81,6 +83,18 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
     assert any(result.failure == v["failure"] and v.get("guard") in (None, *got["guards"]) for v in verdicts), (
         f"{folder.name}: expected one of {verdicts}, got {got}: {result.message}\n{result.run_log[-1500:]}"
     )
+
+
+CUDA_SOURCES = sorted(CORPUS.glob("*/*/kernel.cu"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("source", CUDA_SOURCES, ids=[f"{p.parent.parent.name}/{p.parent.name}" for p in CUDA_SOURCES])
+def test_cuda_corpus_kernel_compiles_with_the_environments_nvcc_path(tmp_path_factory, source: Path):
+    # The cuda cases run only on a GPU; here they must at least build exactly as the environment builds them.
+    built = compile_kernel({"kernel.cu": source.read_text()}, "cuda", tmp_path_factory.getbasetemp() / "cuda_kernels", 300.0)
+    assert built.ok, f"{source.parent.name} does not compile:\n{built.log}"
+    assert Path(built.library).stat().st_size > 0
 
 
 def test_adversarial_inputs_add_extreme_sets_that_a_correct_kernel_passes(tmp_path, tasks):

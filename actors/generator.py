@@ -1,0 +1,98 @@
+"""GeneratorActor: one vLLM engine running many agent episodes, streaming trajectories to the buffer.
+
+The driver hands it jobs (task, episode id); episodes call the env workers through a
+RayEnvClient; each finished trajectory goes into the object store (``push``) and only its
+reference travels to the TrajectoryBuffer. Weights arrive as object-store buckets and are
+hot-swapped into the running engine: episodes in flight carry on, and each turn records the
+policy version that generated it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Mapping
+
+import ray
+from omegaconf import OmegaConf
+
+from actors.buffer import push
+from configs.schema import Config
+from launch.episode import episode_runner
+from rollout.env_client import RayEnvClient
+from rollout.episode_runner import Job
+from rollout.policy import make_policy
+from tasks.task import Task
+
+
+@ray.remote
+class GeneratorActor:
+    def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int = 0):
+        self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        self.index, self.buffer = index, buffer
+        self.env_workers = env_workers
+        self.policy = None  # the engine starts on first use, inside the actor's event loop
+        self.runner = None
+        self.max_turns: int | None = None
+        self.starting = asyncio.Lock()  # a restarted actor may get a weight swap and a start at once
+        self.stats = {"episodes": 0, "generated_tokens": 0, "busy_s": 0.0, "swaps": 0, "swap_s": 0.0}
+
+    async def start(self, max_turns: int | None = None) -> dict[str, Any]:
+        """Start the engine if it is not running (minutes on a GPU, ~30 s on CPU) and set the turn budget."""
+        started = time.perf_counter()
+        self.max_turns = max_turns
+        await self._ready()
+        return {"version": self.policy.version, "start_s": time.perf_counter() - started}
+
+    async def set_max_turns(self, max_turns: int | None) -> None:
+        """Stages differ in turn budget (single-turn warm-up vs agentic PPO); the engine stays."""
+        self.max_turns = max_turns
+        self.runner = None
+        await self._ready()
+
+    async def _ready(self) -> None:
+        async with self.starting:
+            if self.policy is None:
+                self.policy = make_policy(f"vllm:{self.cfg.model.path}", self.cfg)
+            if self.runner is None:
+                self.runner = episode_runner(self.cfg, self.policy, RayEnvClient(self.env_workers), self.max_turns)
+
+    async def run(self, jobs: list[tuple[dict[str, Any], str]], to_buffer: bool = True) -> list[Any]:
+        """Run the jobs concurrently; returns what the buffer answered for each (or the trajectories)."""
+        await self._ready()
+        started = time.perf_counter()
+        parsed = [Job(Task.from_dict(t), eid) for t, eid in jobs]
+        results = await asyncio.gather(*(self._one(job, to_buffer) for job in parsed))
+        self.stats["busy_s"] += time.perf_counter() - started
+        return results
+
+    async def _one(self, job: Job, to_buffer: bool) -> Any:
+        traj = await self.runner.run_one(job)
+        self.stats["episodes"] += 1
+        self.stats["generated_tokens"] += traj.num_generated
+        if not to_buffer:
+            return traj
+        return await push(self.buffer, traj, self.policy.version)  # waits while the buffer is full
+
+    async def update_weights(self, bucket_refs: list[Any], version: int) -> float:
+        """Swap in the learner's weights, fetched bucket by bucket from the object store."""
+        async def tensors():
+            for ref in bucket_refs:
+                for name, tensor in await ref:
+                    yield name, tensor
+
+        await self._ready()
+        named = [item async for item in tensors()]
+        seconds = await self.policy.update_weights(named, version)
+        self.stats["swaps"] += 1
+        self.stats["swap_s"] += seconds
+        return seconds
+
+    def version(self) -> int:
+        return self.policy.version
+
+    def get_stats(self) -> dict[str, Any]:
+        return dict(self.stats, version=self.policy.version if self.policy else -1)
+
+    async def stop(self) -> None:
+        if self.policy is not None:
+            await self.policy.close()

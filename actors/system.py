@@ -1,0 +1,76 @@
+"""The running system: env workers, the buffer, generators and the learner, placed per the plan.
+
+Restart policy, and why: env workers and generators restart on their own (Ray's
+``max_restarts``) because they hold nothing that cannot be rebuilt: an env worker's state is
+caches, a generator's is an engine the driver re-syncs with the current weights. The learner
+restarts too, and the driver resumes it from its last checkpoint.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from omegaconf import OmegaConf
+from ray.exceptions import RayActorError
+
+from actors.buffer import TrajectoryBuffer, buffer_options
+from actors.generator import GeneratorActor
+from actors.learner import LearnerActor
+from actors.topology import Reservation, ResourcePlan
+from env_pool.pool import EnvWorker
+
+
+class LearnerDied(RuntimeError):
+    """The learner actor died mid-call; Ray restarts it and the driver resumes it from its checkpoint."""
+
+
+@dataclass
+class System:
+    env_workers: list[Any]
+    buffer: Any
+    generators: list[Any]
+    learner: Any
+    version: int = 0  # the policy version the generators serve
+
+    async def learn(self, method: str, *args: Any) -> Any:
+        """Call the learner; its death becomes LearnerDied, which the driver recovers from."""
+        try:
+            return await getattr(self.learner, method).remote(*args)
+        except RayActorError as err:
+            raise LearnerDied(f"the learner died during {method}: {err}") from err
+
+    async def sync_weights(self, version: int, generators: list[Any] | None = None) -> float:
+        """Push the learner's policy to the generators (the object-store path); returns the slowest swap's seconds."""
+        buckets = await self.learn("export_weights")
+        targets = self.generators if generators is None else generators
+        results = await asyncio.gather(*(g.update_weights.remote(buckets, version) for g in targets),
+                                       return_exceptions=True)
+        for result in results:  # a generator that died mid-swap is re-synced by the driver when it restarts
+            if isinstance(result, BaseException) and not isinstance(result, RayActorError):
+                raise result
+        self.version = max(self.version, version)
+        await self.buffer.set_version.remote(self.version)
+        return max((r for r in results if isinstance(r, float)), default=0.0)
+
+    def shutdown(self) -> None:
+        for actor in [*self.generators, self.learner, self.buffer, *self.env_workers]:
+            ray.kill(actor, no_restart=True)
+
+
+async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation) -> System:
+    """Create every actor in its reserved bundle and start the engines (in parallel: they are slow)."""
+    cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
+    env_cfg = cfg_dict["env"]
+    env_workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot)).remote(env_cfg)
+                   for slot in plan.env_workers]
+    buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
+    # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
+    generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,
+                                         **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index)
+                  for slot in plan.generators]
+    learner = LearnerActor.options(name="cuda-agent-learner", max_restarts=-1, max_task_retries=0,
+                                   **reservation.options(plan.learner[0])).remote(cfg_dict)
+    await asyncio.gather(*(g.start.remote() for g in generators))
+    return System(env_workers, buffer, generators, learner)

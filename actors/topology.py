@@ -1,0 +1,327 @@
+"""The resource plan: which actor runs where, reserved up front with one Ray placement group.
+
+``plan_resources(cfg)`` turns ``cluster:`` into bundles and slots without touching Ray, so a
+config can be checked (and explained) anywhere. ``reserve(plan)`` compares the plan with the
+cluster and fails before any actor starts when it cannot fit, saying what was asked, what
+exists and which keys to change; otherwise it reserves every bundle at once.
+
+Every GPU is its own bundle ({"GPU": 1, "CPU": the CPUs of the actors on it}). Actors that share
+a GPU (a colocated learner rank, an env worker timing on a generator's GPU) sit in the same
+bundle with a fractional ``num_gpus``; a tensor-parallel generator spans several bundles, its
+actor on the first and its vLLM workers on the rest. One group for everything, because Ray
+reserves a group atomically: separate groups per role could each hold half of what they need
+and wait on each other forever.
+"""
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+ROLES = ("generator", "env_worker", "learner")
+
+
+class TopologyError(RuntimeError):
+    """A topology that cannot run; the message says what was asked, what exists and what to change."""
+
+
+@dataclass
+class Slot:
+    """Where one actor goes: its bundles in the placement group and its share of each."""
+
+    role: str  # generator, env_worker or learner
+    index: int  # generator number, env worker number, or learner rank
+    bundles: list[int]  # bundle indices; the actor sits on the first, tensor-parallel workers on the rest
+    num_gpus: float  # share of each bundle's GPU (1.0 alone on it, less when shared; 0 on the CPU)
+    num_cpus: float  # CPUs the actor reserves, inside its first bundle
+
+
+@dataclass
+class ResourcePlan:
+    bundles: list[dict[str, float]]  # the placement group's bundles, GPU bundles first
+    strategy: str  # Ray placement strategy: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+    generators: list[Slot]
+    env_workers: list[Slot]
+    learner: list[Slot]  # one slot per rank; a single CPU rank when learner_gpus is 0
+    cluster: dict[str, Any] = field(default_factory=dict)  # the cluster config it came from, for messages
+
+    def totals(self) -> dict[str, float]:
+        """Resources the whole plan reserves, by name."""
+        total: dict[str, float] = {}
+        for bundle in self.bundles:
+            for name, amount in bundle.items():
+                total[name] = total.get(name, 0.0) + amount
+        return total
+
+    def slots(self) -> list[Slot]:
+        return [*self.generators, *self.env_workers, *self.learner]
+
+    def describe(self) -> str:
+        """One line per role with the keys that size it, then how GPUs are shared."""
+        c = self.cluster
+        lines = [
+            f"generators: {c['num_generators']} x {_amounts(c['generator_gpus'], c['generator_cpus'])} "
+            f"(cluster.num_generators={c['num_generators']}, cluster.generator_gpus={c['generator_gpus']}, "
+            f"cluster.generator_cpus={_num(c['generator_cpus'])})",
+            f"env workers: {c['num_env_workers']} x {_amounts(c['env_worker_gpus'], c['env_worker_cpus'])} "
+            f"(cluster.num_env_workers={c['num_env_workers']}, cluster.env_worker_gpus={c['env_worker_gpus']}, "
+            f"cluster.env_worker_cpus={_num(c['env_worker_cpus'])})",
+            f"learner: {len(self.learner)} rank(s) x {_amounts(1 if c['learner_gpus'] else 0, c['learner_cpus'])} "
+            f"(cluster.learner_gpus={c['learner_gpus']}, cluster.learner_cpus={_num(c['learner_cpus'])})",
+            f"GPU sharing: cluster.colocate={str(c['colocate']).lower()}, "
+            f"cluster.env_colocate={str(c['env_colocate']).lower()}",
+        ]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_resources(cfg: Any) -> ResourcePlan:
+    """The bundles and slots for ``cfg.cluster`` (and ``cfg.env.backend``); no Ray needed."""
+    c = _cluster_values(cfg.cluster)
+    _validate(c, _backend(cfg))
+    layout = _Layout()
+    generators = [Slot("generator", i, [], 0.0, c["generator_cpus"]) for i in range(c["num_generators"])]
+    for slot in generators:
+        layout.place(slot, [layout.new_gpu() for _ in range(c["generator_gpus"])])
+    generator_gpus = len(layout.gpus)
+
+    learner = [Slot("learner", r, [], 0.0, c["learner_cpus"]) for r in range(c["learner_gpus"] or 1)]
+    for slot in learner:
+        # Colocated: rank r shares generator GPU r, so weights swap within a device (CUDA IPC).
+        shared = c["colocate"] and slot.index < generator_gpus
+        layout.place(slot, [slot.index if shared else layout.new_gpu()] if c["learner_gpus"] else [])
+
+    env_workers = [Slot("env_worker", w, [], 0.0, c["env_worker_cpus"]) for w in range(c["num_env_workers"])]
+    for slot in env_workers:
+        gpu = (slot.index % generator_gpus if c["env_colocate"] else layout.new_gpu()) if c["env_worker_gpus"] else None
+        layout.place(slot, [] if gpu is None else [gpu])
+    return ResourcePlan(layout.bundles(), c["placement_strategy"], generators, env_workers, learner, c)
+
+
+class _Layout:
+    """GPU bundles (each a list of its occupants and the CPUs they bring) and CPU-only slots."""
+
+    def __init__(self) -> None:
+        self.gpus: list[list[tuple[Slot, float]]] = []
+        self.cpu_slots: list[Slot] = []
+
+    def new_gpu(self) -> int:
+        self.gpus.append([])
+        return len(self.gpus) - 1
+
+    def place(self, slot: Slot, gpus: list[int]) -> None:
+        """On these GPU bundles (its CPUs in the first), or on a CPU bundle of its own when none."""
+        if not gpus:
+            self.cpu_slots.append(slot)
+            return
+        slot.bundles = gpus
+        for k, b in enumerate(gpus):
+            self.gpus[b].append((slot, slot.num_cpus if k == 0 else 0.0))
+
+    def bundles(self) -> list[dict[str, float]]:
+        """The bundles in index order; sets each slot's GPU share and CPU bundle index."""
+        bundles = []
+        for occupants in self.gpus:
+            cpus = sum(c for _, c in occupants)
+            bundles.append({"GPU": 1.0, "CPU": cpus} if cpus else {"GPU": 1.0})
+        for slot in {id(s): s for occupants in self.gpus for s, _ in occupants}.values():
+            slot.num_gpus = min(_gpu_share(len(self.gpus[b])) for b in slot.bundles)
+        for slot in self.cpu_slots:
+            slot.bundles = [len(bundles)]
+            bundles.append({"CPU": slot.num_cpus})
+        return bundles
+
+
+def _gpu_share(occupants: int) -> float:
+    # Rounded down to Ray's 1e-4 resource granularity, so the shares never add up past one GPU.
+    return math.floor(10_000 / occupants) / 10_000
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """A field of a dataclass, a DictConfig or a plain dict, enums as their values."""
+    value = obj.get(key, default) if hasattr(obj, "get") else getattr(obj, key, default)
+    return getattr(value, "value", value)
+
+
+def _cluster_values(cluster: Any) -> dict[str, Any]:
+    from configs.schema import ClusterConfig
+
+    return {key: _get(cluster, key, default) for key, default in asdict(ClusterConfig()).items()}
+
+
+def _backend(cfg: Any) -> str:
+    env = _get(cfg, "env")
+    return str(_get(env, "backend", "cpp")) if env is not None else "cpp"
+
+
+def _validate(c: dict[str, Any], backend: str) -> None:
+    for key in ("num_generators", "num_env_workers"):
+        if c[key] < 1:
+            raise TopologyError(f"cluster.{key} must be at least 1, got {c[key]}")
+    for key in ("generator_gpus", "env_worker_gpus", "learner_gpus", "generator_cpus", "env_worker_cpus", "learner_cpus"):
+        if c[key] < 0:
+            raise TopologyError(f"cluster.{key} must be 0 or more, got {c[key]}")
+    for role, gpus, cpus in (("generator", "generator_gpus", "generator_cpus"), ("env_worker", "env_worker_gpus", "env_worker_cpus"),
+                             ("learner", "learner_gpus", "learner_cpus")):
+        if not c[gpus] and not c[cpus]:
+            raise TopologyError(f"a {role} on the CPU needs CPUs: cluster.{gpus} and cluster.{cpus} are both 0; set one of them")
+    if c["env_worker_gpus"] > 1:
+        raise TopologyError(f"cluster.env_worker_gpus must be 0 or 1 (an env worker times on one GPU), got {c['env_worker_gpus']}")
+    if backend == "cuda" and not c["env_worker_gpus"]:
+        raise TopologyError("env.backend=cuda times kernels on a GPU: set cluster.env_worker_gpus=1 (or use env.backend=cpp)")
+    if backend == "cpp" and c["env_worker_gpus"]:
+        raise TopologyError("env.backend=cpp verifies and times on the CPU: set cluster.env_worker_gpus=0 (or use env.backend=cuda)")
+    if c["colocate"] and not (c["generator_gpus"] and c["learner_gpus"]):
+        raise TopologyError("cluster.colocate=true shares GPUs between generators and learner, so cluster.generator_gpus and "
+                            "cluster.learner_gpus must both be at least 1; or set cluster.colocate=false")
+    if c["env_colocate"] and not (c["generator_gpus"] and c["env_worker_gpus"]):
+        raise TopologyError("cluster.env_colocate=true puts env workers on the generators' GPUs, so cluster.generator_gpus and "
+                            "cluster.env_worker_gpus must both be at least 1; or set cluster.env_colocate=false")
+    if c["placement_timeout_s"] <= 0:
+        raise TopologyError(f"cluster.placement_timeout_s must be positive, got {c['placement_timeout_s']}")
+
+
+# --------------------------------------------------------------------------- checking against a cluster
+
+
+def check_fits(plan: ResourcePlan, cluster_resources: Mapping[str, float], nodes: Iterable[Mapping[str, float]]) -> None:
+    """Raise TopologyError if the cluster (totals, and nodes' resources) cannot hold the plan."""
+    asked = plan.totals()
+    short = [k for k in ("GPU", "CPU") if asked.get(k, 0.0) > cluster_resources.get(k, 0.0) + 1e-9]
+    if short:
+        raise TopologyError(
+            f"the cluster cannot hold this topology: it asks for {_resources(asked)}; the cluster has "
+            f"{_resources(cluster_resources)} (ray.cluster_resources()); short of {' and '.join(short)}\n"
+            f"{_indent(plan.describe())}\n{_FIX}"
+        )
+    nodes = [dict(n) for n in nodes]
+    for i, bundle in enumerate(plan.bundles):
+        if not any(_fits(bundle, n) for n in nodes):
+            raise TopologyError(
+                f"the cluster cannot hold this topology: bundle {i} ({_resources(bundle)}, for {_occupants(plan, i)}) fits on "
+                f"no single node; the nodes have {'; '.join(_resources(n) for n in nodes) or 'nothing'} (ray.nodes())\n"
+                f"{_indent(plan.describe())}\n{_FIX}"
+            )
+    if plan.strategy == "STRICT_PACK" and not any(_fits(asked, n) for n in nodes):
+        raise TopologyError(
+            f"the cluster cannot hold this topology: cluster.placement_strategy=STRICT_PACK needs {_resources(asked)} on one "
+            f"node; the nodes have {'; '.join(_resources(n) for n in nodes)} (ray.nodes()); use PACK or a smaller topology\n"
+            f"{_indent(plan.describe())}"
+        )
+    if plan.strategy == "STRICT_SPREAD" and len(plan.bundles) > len(nodes):
+        raise TopologyError(
+            f"the cluster cannot hold this topology: cluster.placement_strategy=STRICT_SPREAD puts each of "
+            f"{len(plan.bundles)} bundles on its own node; the cluster has {len(nodes)} node(s); use PACK or SPREAD"
+        )
+
+
+_FIX = ("fix: lower the keys above, share GPUs (cluster.colocate=true, cluster.env_colocate=true), or give the cluster more "
+        "(a local cluster: cluster.num_cpus, cluster.num_gpus; a Ray cluster: add nodes)")
+
+
+def _fits(bundle: Mapping[str, float], node: Mapping[str, float]) -> bool:
+    return all(amount <= node.get(name, 0.0) + 1e-9 for name, amount in bundle.items())
+
+
+def _occupants(plan: ResourcePlan, bundle: int) -> str:
+    return ", ".join(f"{s.role} {s.index}" for s in plan.slots() if bundle in s.bundles)
+
+
+def _num(x: float) -> str:
+    return f"{float(x):g}"
+
+
+def _amounts(gpus: float, cpus: float) -> str:
+    return f"{_num(gpus)} GPU + {_num(cpus)} CPU" if gpus else f"{_num(cpus)} CPU"
+
+
+def _resources(res: Mapping[str, float]) -> str:
+    return f"{_num(res.get('GPU', 0.0))} GPU and {_num(res.get('CPU', 0.0))} CPU"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def start_cluster(cluster: Any) -> dict[str, float]:
+    """Start (``address: local``) or join the Ray cluster; returns ray.cluster_resources().
+
+    Already connected (a test, or a driver running as a Ray job) is kept as it is.
+    """
+    import ray
+
+    c = _cluster_values(cluster)
+    # No usage reports: these machines have no network, and a training run should not phone home.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False)
+        if c["address"] == "local":
+            # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere.
+            ray.init(address="local", num_cpus=c["num_cpus"], num_gpus=c["num_gpus"], **common)
+        else:
+            if c["num_cpus"] is not None or c["num_gpus"] is not None:
+                raise TopologyError(f"cluster.num_cpus and cluster.num_gpus size a local cluster only; with "
+                                    f"cluster.address={c['address']!r} unset them (the cluster's nodes decide)")
+            ray.init(address=c["address"], **common)
+    return dict(ray.cluster_resources())
+
+
+@dataclass
+class Reservation:
+    """A ready placement group for a plan; ``options(slot)`` places an actor in it."""
+
+    plan: ResourcePlan
+    group: Any  # ray.util.placement_group.PlacementGroup
+
+    def options(self, slot: Slot) -> dict[str, Any]:
+        """Keyword arguments for ``ActorClass.options(...)`` that put the actor in its slot."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "num_cpus": slot.num_cpus,
+            "num_gpus": slot.num_gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.group,
+                placement_group_bundle_index=slot.bundles[0],
+                # vLLM's tensor-parallel workers, started by the generator, stay in the reservation.
+                placement_group_capture_child_tasks=True,
+            ),
+        }
+
+    def release(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.group)
+
+
+def alive_nodes() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def reserve(plan: ResourcePlan, timeout_s: float | None = None) -> Reservation:
+    """Check the plan against the cluster, then reserve all its bundles at once (waits up to the timeout)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    check_fits(plan, ray.cluster_resources(), alive_nodes())
+    timeout_s = plan.cluster.get("placement_timeout_s", 120.0) if timeout_s is None else timeout_s
+    # Named for the dashboard; unique, because two runs may share a cluster.
+    group = placement_group(plan.bundles, strategy=plan.strategy, name=f"cuda-agent-{uuid.uuid4().hex[:8]}")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise TopologyError(
+            f"the cluster has room for this topology ({_resources(plan.totals())}) but could not reserve it within "
+            f"{_num(timeout_s)} s: free now {_resources(ray.available_resources())} (ray.available_resources()); other "
+            f"jobs or actors hold the rest; stop them, or wait longer with cluster.placement_timeout_s\n{_indent(plan.describe())}"
+        )
+    return Reservation(plan, group)

@@ -1,0 +1,124 @@
+"""No new processes from the candidate's process: a seccomp filter, installed by the runner.
+
+Python's audit hooks (env_pool/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
+called from Python, but not ``system()``, ``fork()`` or ``execve()`` called from a kernel's
+native code; the PID namespace only contains such a process, it does not stop it. This filter
+makes the kernel refuse them for every thread of the candidate's process:
+
+- ``execve``, ``execveat``, ``fork``, ``vfork``, and ``clone`` without ``CLONE_THREAD``:
+  the process is killed with SIGSYS (``SECCOMP_RET_KILL_PROCESS``). A refusal with EPERM
+  would be invisible to the environment: ``system()`` returns -1, the kernel computes the
+  right answer anyway and passes. The kill is unmistakable, and evaluate.py reports a
+  SIGSYS death of the candidate as a ``subprocess`` violation.
+- ``clone3``: fails with ENOSYS. Its flags sit in a struct that a BPF filter cannot read,
+  and glibc (2.34+) falls back to ``clone`` on ENOSYS, where the flags are an argument:
+  ``pthread_create`` then passes ``CLONE_THREAD`` and goes through, ``posix_spawn`` does not.
+- Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,
+  ``threading``) keep working. A call through another ABI (i386 ``int 0x80`` or x32 on
+  x86-64), where the numbers above mean something else, kills the process too.
+
+Why hand-written BPF and not libseccomp (through pyseccomp or a binding): this is the one
+filter we need, 17 instructions, and it must install on the GPU machines too, whose image we
+cannot add packages to (no pyseccomp in the GPU stack) and whose libseccomp.so.2 we cannot
+count on. Raw ``seccomp(2)`` through ctypes needs nothing but libc and Linux >= 3.17.
+
+The filter must be installed after the runner's own trusted work (torch, CUDA and the
+reference are initialised by then) and before any candidate code runs, and never in the
+``import`` child: a ``load_inline`` build runs g++, nvcc and ninja.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import signal
+
+# struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian).
+_NR, _ARCH, _ARG0_LOW = 0, 4, 16
+
+# BPF opcodes (linux/bpf_common.h).
+_LD_W_ABS = 0x00 | 0x00 | 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ_K = 0x05 | 0x10 | 0x00  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE_K = 0x05 | 0x30 | 0x00  # BPF_JMP | BPF_JGE | BPF_K
+_JSET_K = 0x05 | 0x40 | 0x00  # BPF_JMP | BPF_JSET | BPF_K
+_RET_K = 0x06 | 0x00  # BPF_RET | BPF_K
+
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_TSYNC = 1  # apply to every thread of the process, not just the caller
+PR_SET_NO_NEW_PRIVS = 38
+CLONE_THREAD = 0x00010000
+X32_SYSCALL_BIT = 0x40000000
+
+# The numbers differ per architecture; fork and vfork do not exist on aarch64.
+_ARCHES = {
+    "x86_64": {"audit_arch": 0xC000003E, "seccomp": 317, "execve": 59, "execveat": 322, "fork": 57,
+               "vfork": 58, "clone": 56, "clone3": 435, "x32": True},
+    "aarch64": {"audit_arch": 0xC00000B7, "seccomp": 277, "execve": 221, "execveat": 281,
+                "clone": 220, "clone3": 435, "x32": False},
+}
+
+# What the runner's parent sees when the filter fires.
+KILL_SIGNAL = signal.SIGSYS.name
+
+
+class _Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_Insn))]
+
+
+def _program(nums: dict) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k); jumps name labels ("allow", "kill", "enosys")."""
+    prog: list[tuple] = [
+        (_LD_W_ABS, 0, 0, _ARCH),
+        (_JEQ_K, 0, "kill", nums["audit_arch"]),
+        (_LD_W_ABS, 0, 0, _NR),
+    ]
+    if nums["x32"]:
+        prog.append((_JGE_K, "kill", 0, X32_SYSCALL_BIT))
+    for name in ("execve", "execveat", "fork", "vfork"):
+        if name in nums:
+            prog.append((_JEQ_K, "kill", 0, nums[name]))
+    prog += [
+        (_JEQ_K, "enosys", 0, nums["clone3"]),
+        (_JEQ_K, 0, "allow", nums["clone"]),
+        (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags (the first argument on both arches)
+        (_JSET_K, "allow", "kill", CLONE_THREAD),
+    ]
+    labels = {"allow": len(prog), "kill": len(prog) + 1, "enosys": len(prog) + 2}
+    prog += [
+        (_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS),
+    ]
+    # BPF jumps are relative to the next instruction.
+    rel = lambda i, target: target if isinstance(target, int) else labels[target] - i - 1  # noqa: E731
+    return [(code, rel(i, jt), rel(i, jf), k) for i, (code, jt, jf, k) in enumerate(prog)]
+
+
+def forbid_processes() -> None:
+    """Install the filter on every thread of this process, for good. Raises OSError when it cannot."""
+    nums = _ARCHES.get(platform.machine())
+    if nums is None:
+        raise OSError(errno.ENOSYS, f"no process-blocking seccomp filter for the {platform.machine()} architecture")
+    insns = _program(nums)
+    array = (_Insn * len(insns))(*[_Insn(*i) for i in insns])
+    prog = _Prog(len(insns), ctypes.cast(array, ctypes.POINTER(_Insn)))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Required before an unprivileged filter; the sandbox already set it, this is for other callers.
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    ret = libc.syscall(ctypes.c_long(nums["seccomp"]), ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
+                       ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+    if ret != 0:
+        err = ctypes.get_errno()
+        # With TSYNC a positive return is the id of a thread that could not be synchronised.
+        detail = os.strerror(err) if ret < 0 else f"thread {ret} could not take the filter"
+        raise OSError(err or errno.EAGAIN, f"seccomp(SET_MODE_FILTER, TSYNC): {detail}")

@@ -1,0 +1,238 @@
+"""`cuda-agent train`: the training driver. Reads like the recipe; the details live one call away.
+
+    reserve the cluster's resources (actors/topology)      -> fail now if they cannot fit
+    start env workers, buffer, generators, learner          (actors/system)
+    for each stage of the recipe not yet finished:
+        build the stage's trainer, resume its checkpoint    (actors/learner -> learner/)
+        push its policy to the generators                   (object store; hot swap, no restart)
+        repeat: a batch of trajectories from the buffer     (generators keep generating: async)
+                -> a learner step -> new weights to the generators every sync_every steps
+                -> metrics, progress, checkpoints
+        export the stage's models; the next stage starts from them
+
+Stages: single-turn PPO warm-up, RFT (policy fine-tuned on filtered successful episodes),
+critic value pretraining (the policy fixed), multi-turn agentic PPO. ``recipe.json`` in the
+output folder records finished stages and their exported models, so a rerun resumes at the
+stage (and, through its checkpoints, the step) where the last one stopped. Ctrl-C saves a
+checkpoint and exits.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.buffer import fetch
+from configs.load import ConfigError
+from actors.jobs import JobFeeder, TaskSampler
+from actors.system import LearnerDied, System, start_system
+from actors.topology import plan_resources, reserve, start_cluster
+from launch.embedded_model import resolve_model_path
+from launch.metrics import MetricsSink, ProgressDisplay, episode_metrics, write_plots
+from learner.rft import filter_trajectories
+from tasks.loader import load_tasks
+
+log = logging.getLogger("cuda_agent.train")
+
+STAGES = ("single_turn_ppo", "rft", "value_pretrain", "agentic_ppo")
+TRAINER_OF = {"single_turn_ppo": "ppo", "rft": "rft", "value_pretrain": "value", "agentic_ppo": "ppo"}
+UPDATES_POLICY = {"ppo", "rft"}
+
+
+@dataclass
+class RecipeState:
+    """What survives between runs: finished stages, the models they exported, the global step."""
+
+    policy: str  # the policy the next stage starts from
+    critic: str | None = None
+    done: list[str] = field(default_factory=list)
+    step: int = 0  # global step (across stages) of the last finished stage
+    version: int = 0  # policy version the generators serve
+
+    @classmethod
+    def load(cls, out: Path, policy: str, resume: bool) -> "RecipeState":
+        path = out / "recipe.json"
+        return cls(**json.loads(path.read_text())) if resume and path.exists() else cls(policy=policy)
+
+    def save(self, out: Path) -> None:
+        tmp = out / "recipe.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, out / "recipe.json")
+
+
+def stages_of(name: str) -> list[str]:
+    return list(STAGES) if name == "recipe" else [name]
+
+
+def check_sampling(cfg: Any) -> None:
+    # PPO's ratio compares the learner's logprobs with the sampler's. The learner scores the
+    # model's plain distribution, so the sampler must draw from that same distribution.
+    r = cfg.rollout
+    if r.temperature != 1.0 or r.top_p != 1.0:
+        raise ConfigError(
+            f"rollout.temperature={r.temperature} and rollout.top_p={r.top_p}: training needs both at 1.0, "
+            "because the learner scores the unmodified distribution; other values are for evaluation only")
+
+
+def train(cfg: Any) -> Path:
+    check_sampling(cfg)
+    out = Path(cfg.logging.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    owns_cluster = not ray.is_initialized()
+    start_cluster(cfg.cluster)
+    plan = plan_resources(cfg)
+    reservation = reserve(plan)
+    tasks, failures = load_tasks(list(cfg.stage.tasks))
+    for f in failures:
+        log.warning("task not loaded: %s: %s", f.path, f.reason)
+    model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+    state = RecipeState.load(out, model, cfg.stage.resume)
+    system = asyncio.run(start_system(cfg, plan, reservation))
+    try:
+        for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
+            if stage not in state.done:
+                asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out))
+    finally:
+        write_plots(out)
+        system.shutdown()
+        reservation.release()
+        if owns_cluster:
+            ray.shutdown()
+    return out
+
+
+async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: RecipeState,
+                    base_model: str, out: Path) -> None:
+    kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
+    step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
+    sink = MetricsSink.from_config(cfg.logging, resume_step=state.step + step)
+    max_turns = cfg.stage.single_turn_max_turns if stage == "single_turn_ppo" else cfg.rollout.max_turns
+    await asyncio.gather(*(g.set_max_turns.remote(max_turns) for g in system.generators))
+
+    async def restarted(generator: Any) -> None:  # a generator came back with fresh weights: re-sync it
+        await generator.start.remote(max_turns)
+        await system.sync_weights(system.version, [generator])
+
+    feeder = JobFeeder(system.generators, TaskSampler(tasks, cfg.seed + len(state.done), stage),
+                       cfg.rollout.episodes_in_flight, restarted)
+    background = asyncio.create_task(feeder.run_forever()) if cfg.stage.asynchronous else None
+    learner_restarts = 0
+    try:
+        with ProgressDisplay(steps, stage, enabled=cfg.logging.progress) as display:
+            while step < steps:
+                try:
+                    if background is None:
+                        await feeder.run_count(cfg.stage.batch_episodes)
+                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background)
+                    if kind in UPDATES_POLICY and (step + 1) % cfg.stage.sync_every == 0:
+                        metrics["sync/swap_s"] = await system.sync_weights(system.version + 1)
+                    if (step + 1) % cfg.stage.checkpoint_every == 0 or step + 1 == steps:
+                        await system.learn("save", step + 1, {"version": system.version})
+                except LearnerDied as err:
+                    learner_restarts += 1
+                    log.warning("%s; resuming it from its last checkpoint", err)
+                    step = await retry_while_restarting(lambda: setup_learner(kind, stage_dir, system, state, base_model, steps))
+                    continue
+                step += 1
+                metrics["jobs/learner_restarts"] = learner_restarts
+                sink.log(state.step + step, metrics, stage)
+                log_episodes(out, state.step + step, stage, episodes)
+                display.update(step, metrics, stage)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log.warning("interrupted: saving a checkpoint of %s at step %d", stage, step)
+        await system.learn("save", step, {"version": system.version})
+        raise
+    finally:
+        sink.close()
+        if background is not None:
+            background.cancel()
+        await feeder.cancel(system.buffer)  # episodes of this stage must not feed the next
+    state.version = system.version
+    exported = await system.learn("export", str(stage_dir / "export"), base_model)
+    state.policy = exported.get("policy", state.policy)
+    state.critic = exported.get("critic", state.critic)
+    state.done.append(stage)
+    state.step += steps
+    state.save(out)
+
+
+async def setup_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,
+                        steps: int) -> int:
+    """Build (or, after a death, rebuild) the stage's trainer from its latest checkpoint; the
+    generators then serve the weights it holds. Returns the step it resumes at."""
+    resumed = await system.learn("setup", kind, str(stage_dir), state.policy, state.critic, steps)
+    step = int(resumed.get("step", 0))
+    system.version = max(state.version, system.version, int(resumed.get("version", 0)))
+    if step or state.policy != base_model:  # the generators started on the base model
+        await system.sync_weights(system.version + 1)
+    return step
+
+
+async def retry_while_restarting(call: Any, timeout_s: float = 900.0) -> Any:
+    """Ray restarts a dead actor; until it is back, calls fail as unavailable. Keep trying."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except LearnerDied:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+
+
+async def first_of(ref: Any, background: asyncio.Task | None) -> Any:
+    """Await ``ref``, unless the generation feeder fails first: then its error, not a silent wait forever."""
+    if background is None:
+        return await ref
+    waiting = asyncio.ensure_future(ref)
+    await asyncio.wait({waiting, background}, return_when=asyncio.FIRST_COMPLETED)
+    if not waiting.done():
+        waiting.cancel()
+        background.result()  # raises the feeder's error
+        raise RuntimeError("the generation feeder stopped")
+    return waiting.result()
+
+
+def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]]) -> None:
+    """One line per trained episode: the audit trail of what the learner saw, and when."""
+    with open(out / "episodes.jsonl", "a") as f:
+        for e in episodes:
+            f.write(json.dumps({"step": step, "stage": stage, **e}) + "\n")
+
+
+async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
+                       background: asyncio.Task | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One batch from the buffer to the learner; lost trajectories go back to be rerun."""
+    started = time.perf_counter()
+    batch = await first_of(system.buffer.get_batch.remote(max_episodes=cfg.stage.batch_episodes), background)
+    fetched = fetch(batch)
+    if fetched.lost:
+        await system.buffer.forget.remote([m.episode_id for m in fetched.lost])
+        feeder.requeue([(feeder.sampler.task_dict(m.task_id), m.episode_id) for m in fetched.lost])
+    trajectories = fetched.trajectories
+    metrics: dict[str, Any] = episode_metrics(trajectories)
+    if kind == "rft":
+        trajectories, rejected = filter_trajectories(trajectories, cfg.learner.rft)
+        metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(trajectories)})
+    if trajectories:
+        metrics["learner"] = await system.learn("step", [ray.put(t) for t in trajectories])
+    wall = time.perf_counter() - started
+    tokens = sum(t.num_tokens for t in fetched.trajectories)
+    buffer_stats = await system.buffer.stats.remote()
+    metrics.update({
+        "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "buffer": buffer_stats,
+        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": len(fetched.lost),
+        "step_s": wall,
+    })
+    episodes = [{"episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward, "milestone": t.milestone,
+                 "stop_reason": t.stop_reason, "turns": len(t.turns), "versions": sorted(set(t.versions))}
+                for t in fetched.trajectories]
+    return metrics, episodes

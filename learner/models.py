@@ -1,0 +1,138 @@
+"""The learner's networks and how they score packed micro-batches.
+
+- policy: a Hugging Face causal LM, trained by PPO or RFT and exported for vLLM;
+- critic: a causal-LM backbone (the policy's architecture, without its LM head) and a scalar
+  value head, initialised from the policy's weights or from its own checkpoint;
+- reference: an optional frozen copy of the initial policy, for the KL term.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from learner.batching import MicroBatch
+from learner.losses import entropy_from_logits
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def resolve_dtype(dtype: str, on_gpu: bool) -> torch.dtype:
+    """``auto``: bfloat16 on GPU, float32 on CPU (these CPUs have no bf16 units)."""
+    if dtype == "auto":
+        return torch.bfloat16 if on_gpu else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"model.dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
+
+
+def resolve_attention(name: str, on_gpu: bool) -> str:
+    """``auto``: FlashAttention-2 on GPU when installed (varlen kernels, no mask for packed rows),
+    otherwise sdpa with the block-diagonal mask transformers builds from the position ids."""
+    if name != "auto":
+        return name
+    if on_gpu and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_policy(path: str | Path, dtype: torch.dtype, attention: str, grad_checkpointing: bool) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attention)
+    _prepare_for_training(model, grad_checkpointing)
+    return model
+
+
+def load_reference(path: str | Path, dtype: torch.dtype, attention: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attention).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _prepare_for_training(model: nn.Module, grad_checkpointing: bool) -> None:
+    model.config.use_cache = False
+    if grad_checkpointing:
+        # Non-reentrant checkpointing works with inputs that need no grad and with ZeRO-3 hooks.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+class Critic(nn.Module):
+    """Backbone plus a scalar value head: V(state before token t), read at position t - 1."""
+
+    def __init__(self, backbone: nn.Module, value_head: nn.Linear):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = value_head
+        self.config = backbone.config
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype, attention: str, grad_checkpointing: bool) -> "Critic":
+        """A critic from a policy folder (fresh value head) or from a saved critic (its head too)."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(str(path), dtype=dtype, attn_implementation=attention)
+        head = nn.Linear(backbone.config.hidden_size, 1, dtype=dtype)
+        head_file = Path(path) / VALUE_HEAD_FILE
+        if head_file.exists():
+            head.load_state_dict(load_file(str(head_file)))
+        else:
+            # Small weights, zero bias: initial values near 0, so the first advantages are close
+            # to the rewards themselves rather than to the noise of a random head.
+            nn.init.normal_(head.weight, std=0.02 / backbone.config.hidden_size ** 0.5)
+            nn.init.zeros_(head.bias)
+        _prepare_for_training(backbone, grad_checkpointing)
+        return cls(backbone, head)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, predict_at: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.value_head(hidden[0, predict_at]).squeeze(-1).float()
+
+    def save_pretrained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """A folder ``from_pretrained`` reads back: the backbone as a Hugging Face model, the head beside it."""
+        from safetensors.torch import save_file
+
+        state = state_dict if state_dict is not None else self.state_dict()
+        backbone = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+        head = {k.removeprefix("value_head."): v.contiguous() for k, v in state.items() if k.startswith("value_head.")}
+        self.backbone.save_pretrained(str(out_dir), state_dict=backbone)
+        save_file(head, str(Path(out_dir) / VALUE_HEAD_FILE))
+
+
+def score_tokens(policy: nn.Module, mb: MicroBatch, with_entropy: bool = False,
+                 entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the micro-batch's generated tokens (float32, [N]) and, if asked, the
+    entropy of each predicting distribution (differentiable only with ``entropy_grad``: a
+    metric-only entropy would otherwise keep a second tokens x vocabulary graph alive).
+    Logits exist only at the predicting positions."""
+    out = policy(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, logits_to_keep=mb.predict_at)
+    logits = out.logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, mb.targets[:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return logprobs, entropy
+
+
+def critic_values(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """The critic's values of the states before the micro-batch's generated tokens ([N], float32)."""
+    return critic(input_ids=mb.input_ids, position_ids=mb.position_ids, predict_at=mb.predict_at)
+
+
+@torch.no_grad()
+def score_batch(model: nn.Module, micro_batches: list[MicroBatch], size: int, critic: bool, device) -> torch.Tensor:
+    """Logprobs (policy or reference) or values (critic) for every generated token of a batch, in flat order."""
+    result = torch.zeros(size, dtype=torch.float32)
+    for mb in micro_batches:
+        mb = mb.to(device)
+        values = critic_values(model, mb) if critic else score_tokens(model, mb, with_entropy=False)[0]
+        result[mb.flat_index.cpu()] = values.float().cpu()
+    return result

@@ -1,0 +1,120 @@
+"""Rejection fine-tuning: imitate the agent's own good episodes before agentic PPO.
+
+The filter keeps an episode when it reached the reward threshold, its tool calls were mostly
+well formed, and it did not loop (the paper drops inefficient loops and invalid tool calls,
+so the actor does not learn to pad its way to success). The loss is the token-mean negative
+log-likelihood of the model's own tokens only: prompts, tool output and template glue are
+context, not targets.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from configs.schema import LearnerConfig, RFTConfig
+from learner import engine as engines
+from learner.batching import flatten, pack, split_minibatches
+from learner.losses import token_mean
+from learner.models import load_policy, resolve_attention, resolve_dtype, score_tokens
+from rollout.trajectory import Trajectory
+
+
+def invalid_call_rate(traj: Trajectory) -> float:
+    """Malformed or unknown tool calls over all tool calls (0 when it made none)."""
+    invalid = sum(t.invalid_calls for t in traj.turns)
+    total = invalid + sum(len(t.tools) for t in traj.turns)
+    return invalid / total if total else 0.0
+
+
+def longest_repeat(traj: Trajectory) -> int:
+    """The longest run of consecutive turns that took the same action (the same generated
+    text, or the same tokens when no text was kept): 1 when no turn repeats the one before."""
+    longest = run = 0
+    previous = None
+    for turn in traj.turns:
+        action = turn.text.strip() if turn.text.strip() else tuple(traj.segments[turn.segment].token_ids[turn.start:turn.end])
+        run = run + 1 if action == previous else 1
+        longest = max(longest, run)
+        previous = action
+    return longest
+
+
+def rejection_reason(traj: Trajectory, cfg: RFTConfig) -> str | None:
+    """Why an episode is not worth imitating, or None to keep it."""
+    if not traj.token_level or traj.num_generated == 0:
+        return "no_tokens"
+    if traj.stop_reason == "error":
+        return "error"
+    if traj.reward < cfg.reward_threshold:
+        return "low_reward"
+    if invalid_call_rate(traj) > cfg.max_invalid_call_rate:
+        return "invalid_calls"
+    if longest_repeat(traj) > cfg.max_repeated_actions:
+        return "repeated_actions"
+    return None
+
+
+def filter_trajectories(trajectories: list[Trajectory], cfg: RFTConfig) -> tuple[list[Trajectory], Counter]:
+    """The episodes to imitate, and how many were dropped for each reason."""
+    kept, dropped = [], Counter()
+    for traj in trajectories:
+        reason = rejection_reason(traj, cfg)
+        if reason is None:
+            kept.append(traj)
+        else:
+            dropped[reason] += 1
+    return kept, dropped
+
+
+class RFTTrainer:
+    """Supervised steps of the policy on filtered trajectories."""
+
+    def __init__(self, cfg: LearnerConfig, policy):
+        self.cfg = cfg
+        self.policy = policy
+        self.steps = 0
+
+    @classmethod
+    def create(cls, cfg: LearnerConfig, policy_path: str | Path, dtype: str = "auto", total_steps: int = 100) -> "RFTTrainer":
+        engines.init_distributed()
+        gpu = engines.on_gpu()
+        torch_dtype = resolve_dtype(dtype, gpu)
+        with engines.zero3_init(cfg, bf16=torch_dtype == torch.bfloat16):
+            module = load_policy(policy_path, torch_dtype, resolve_attention(cfg.attn_implementation, gpu),
+                                 cfg.grad_checkpointing)
+        return cls(cfg, engines.build_engine(module, cfg, cfg.rft.lr, total_steps * cfg.ppo_minibatches))
+
+    def engines(self) -> dict:
+        return {"policy": self.policy}
+
+    def state(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One pass over already-filtered trajectories: ``ppo_minibatches`` optimiser steps."""
+        batch = flatten(trajectories)
+        micro = pack(batch.sequences, self.cfg.micro_batch_tokens)
+        dev = engines.device()
+        total_loss = 0.0
+        for group in split_minibatches(micro, self.cfg.ppo_minibatches):
+            count = engines.all_reduce_sum(float(sum(mb.num_generated for mb in group)))
+            for mb in group:
+                logprobs, _ = score_tokens(self.policy, mb.to(dev))
+                loss = token_mean(-logprobs, count)
+                self.policy.backward(loss)
+                total_loss += float(loss.detach()) * count
+            self.policy.step()
+        self.steps += 1
+        return {
+            "nll": total_loss / batch.num_generated,
+            "generated_tokens": float(batch.num_generated),
+            "tokens": float(batch.num_tokens),
+            "micro_batches": float(len(micro)),
+            "lr": self.policy.get_lr()[0],
+            "grad_norm_policy": float(self.policy.get_global_grad_norm() or float("nan")),
+        }

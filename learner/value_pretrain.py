@@ -1,0 +1,72 @@
+"""Critic value pretraining: fit the critic to a fixed policy's returns before PPO.
+
+A fresh value head makes PPO's first advantages mostly noise, and the policy would move on
+that noise; the paper therefore trains the critic alone on trajectories of the (frozen)
+RFT policy first. Targets are the GAE(lambda) returns under the current critic, which with
+the default lambda = 1 are the plain Monte Carlo returns. Explained variance on each batch is
+measured before that batch's update, so it shows how well the critic predicts returns it
+has not yet fitted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from configs.schema import LearnerConfig
+from learner import engine as engines
+from learner.batching import flatten, pack, split_minibatches
+from learner.gae import batch_advantages, explained_variance
+from learner.models import Critic, resolve_attention, resolve_dtype, score_batch
+from learner.ppo import Sums, update_critic
+from rollout.trajectory import Trajectory
+
+
+class ValuePretrainer:
+    def __init__(self, cfg: LearnerConfig, critic):
+        self.cfg = cfg
+        self.critic = critic
+        self.steps = 0
+
+    @classmethod
+    def create(cls, cfg: LearnerConfig, critic_path: str | Path, dtype: str = "auto", total_steps: int = 100) -> "ValuePretrainer":
+        engines.init_distributed()
+        gpu = engines.on_gpu()
+        torch_dtype = resolve_dtype(dtype, gpu)
+        with engines.zero3_init(cfg, bf16=torch_dtype == torch.bfloat16):
+            module = Critic.from_pretrained(critic_path, torch_dtype, resolve_attention(cfg.attn_implementation, gpu),
+                                            cfg.grad_checkpointing)
+        return cls(cfg, engines.build_engine(module, cfg, cfg.critic_lr, total_steps * cfg.ppo_epochs * cfg.ppo_minibatches))
+
+    def engines(self) -> dict:
+        return {"critic": self.critic}
+
+    def state(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        cfg = self.cfg
+        batch = flatten(trajectories)
+        micro = pack(batch.sequences, cfg.micro_batch_tokens)
+        dev = engines.device()
+        old_values = score_batch(self.critic, micro, batch.num_generated, critic=True, device=dev)
+        _, returns = batch_advantages(batch, old_values, cfg.gamma, cfg.gae_lambda, cfg.per_turn_rewards)
+        sums = Sums()
+        for _ in range(cfg.ppo_epochs):
+            for group in split_minibatches(micro, cfg.ppo_minibatches):
+                count = engines.all_reduce_sum(float(sum(mb.num_generated for mb in group)))
+                # No value clipping here: pretraining should fit the returns, not stay near a random head.
+                update_critic(self.critic, group, count, old_values.to(dev), returns.to(dev), 0.0, sums)
+        self.steps += 1
+        metrics = sums.means()
+        metrics.update(
+            explained_variance=explained_variance(old_values, returns),
+            return_mean=float(returns.mean()),
+            value_mean=float(old_values.mean()),
+            critic_lr=self.critic.get_lr()[0],
+            generated_tokens=float(batch.num_generated),
+        )
+        return metrics

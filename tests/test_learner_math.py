@@ -1,0 +1,265 @@
+"""The learner's arithmetic against straightforward reference computations: GAE, PPO's loss
+terms, token-mean aggregation, trajectory flattening, sequence packing (packed logits equal
+unpacked ones), the RFT filter and the learning-rate schedule. No DeepSpeed here."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from configs.schema import LRSchedule, RFTConfig
+from learner.batching import BatchError, SequenceRef, flatten, pack, split_minibatches
+from learner.engine import lr_multiplier
+from learner.gae import batch_advantages, explained_variance, gae, token_rewards, whiten
+from learner.losses import entropy_from_logits, kl_k3, kl_penalty, policy_loss, token_mean, value_loss
+from learner.rft import filter_trajectories, invalid_call_rate, longest_repeat
+from rollout.trajectory import Segment, Trajectory, Turn
+
+try:
+    from tests.learner_toy import OBSERVATION, PROMPT, make_trajectory
+except ImportError:  # tests/ is on sys.path itself under pytest's default import mode
+    from learner_toy import OBSERVATION, PROMPT, make_trajectory
+
+
+# --------------------------------------------------------------------------- GAE
+
+
+def test_gae_equals_the_discounted_sum_of_td_errors():
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(9, generator=g), torch.randn(9, generator=g)
+    gamma, lam = 0.9, 0.8
+    adv, ret = gae(rewards, values, gamma, lam)
+    nxt = torch.cat([values[1:], torch.zeros(1)])
+    delta = rewards + gamma * nxt - values
+    for t in range(9):
+        expected = sum((gamma * lam) ** (k - t) * float(delta[k]) for k in range(t, 9))
+        assert float(adv[t]) == pytest.approx(expected, abs=1e-5), f"advantage at {t}"
+        assert float(ret[t]) == pytest.approx(expected + float(values[t]), abs=1e-5), f"return at {t}"
+
+
+def test_gae_with_gamma_and_lambda_one_gives_monte_carlo_returns_whatever_the_values():
+    rewards = torch.tensor([0.0, 0.5, 0.0, 2.0])
+    adv, ret = gae(rewards, torch.tensor([3.0, -1.0, 0.2, 7.0]), 1.0, 1.0)
+    assert ret.tolist() == pytest.approx([2.5, 2.5, 2.0, 2.0])
+    assert adv.tolist() == pytest.approx([2.5 - 3.0, 2.5 + 1.0, 2.0 - 0.2, 2.0 - 7.0])
+
+
+def test_episode_reward_sits_on_the_last_token_and_turn_rewards_on_each_turns_last_token():
+    assert token_rewards(5, 3.0, [2, 5], [1.0, 2.0], per_turn=False).tolist() == [0, 0, 0, 0, 3.0]
+    assert token_rewards(5, 3.0, [2, 5], [1.0, 2.0], per_turn=True).tolist() == [0, 1.0, 0, 0, 5.0]
+
+
+def test_batch_advantages_treat_each_trajectory_as_its_own_episode():
+    a = make_trajectory("a", PROMPT, [([5, 6], [-1.0, -1.0], 0), ([7], [-1.0], 0)], OBSERVATION, reward=2.0)
+    b = make_trajectory("b", PROMPT, [([8, 9], [-1.0, -1.0], 0)], OBSERVATION, reward=-1.0)
+    batch = flatten([a, b])
+    values = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
+    adv, ret = batch_advantages(batch, values, 1.0, 1.0, per_turn=False)
+    assert ret.tolist() == pytest.approx([2.0, 2.0, 2.0, -1.0, -1.0])  # no reward leaks across episodes
+    assert adv.tolist() == pytest.approx([1.9, 1.8, 1.7, -1.4, -1.5])
+    bonus = torch.full((5,), -0.1)
+    _, ret = batch_advantages(batch, values, 1.0, 1.0, per_turn=False, token_bonus=bonus)
+    assert ret.tolist() == pytest.approx([1.7, 1.8, 1.9, -1.2, -1.1])
+
+
+def test_whitening_gives_zero_mean_unit_variance_and_explained_variance_scores_the_fit():
+    x = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    w = whiten(x)
+    assert float(w.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(w.var(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
+    returns = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    assert explained_variance(returns, returns) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros(4), returns) == pytest.approx(0.0)
+    assert explained_variance(-returns, returns) == pytest.approx(-3.0)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def test_policy_loss_matches_the_decoupled_clipped_surrogate_token_by_token():
+    logprobs = torch.tensor([-1.0, -1.0, -2.0, -0.5, -3.0])
+    prox = torch.tensor([-1.0, -1.5, -1.0, -0.5, -1.0])
+    behaviour = torch.tensor([-1.0, -1.5, -3.0, -2.0, -1.0])  # tokens 2 and 3 came from a stale sampler
+    adv = torch.tensor([1.0, 1.0, -1.0, 2.0, -0.5])
+    eps, cap = 0.2, 2.0
+    loss, info = policy_loss(logprobs, prox, behaviour, adv, eps, cap)
+    for t in range(5):
+        r = math.exp(logprobs[t] - prox[t])
+        w = min(math.exp(prox[t] - behaviour[t]), cap)
+        a = float(adv[t])
+        expected = -w * min(r * a, max(min(r, 1 + eps), 1 - eps) * a)
+        assert float(loss[t]) == pytest.approx(expected, rel=1e-5), f"token {t}: r={r:.3f} w={w:.3f} A={a}"
+    assert info["importance_weight"].tolist() == pytest.approx([1.0, 1.0, 2.0, 2.0, 1.0])  # e^1 and e^1.5 capped at 2
+    assert info["clipped"].tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]  # ratios e^0.5 (A>0), e^-1 and e^-2 (A<0)
+
+
+def test_policy_gradient_vanishes_where_the_ratio_is_clipped_and_is_advantage_times_weight_elsewhere():
+    logprobs = torch.tensor([-1.0, -0.5], requires_grad=True)  # ratio 1 and e^0.5 (clipped, A > 0)
+    prox = torch.tensor([-1.0, -1.0])
+    loss, _ = policy_loss(logprobs, prox, prox, torch.tensor([2.0, 2.0]), 0.2, 2.0)
+    loss.sum().backward()
+    assert logprobs.grad.tolist() == pytest.approx([-2.0, 0.0])
+
+
+def test_value_loss_takes_the_larger_of_clipped_and_unclipped_errors():
+    values = torch.tensor([1.0, 0.5, -1.0])
+    old = torch.tensor([0.0, 0.4, 0.0])
+    returns = torch.tensor([1.0, 0.0, 0.0])
+    loss, clipped = value_loss(values, old, returns, clip=0.2)
+    expected = []
+    for v, o, r in zip(values.tolist(), old.tolist(), returns.tolist()):
+        vc = o + max(min(v - o, 0.2), -0.2)
+        expected.append(0.5 * max((v - r) ** 2, (vc - r) ** 2))
+    assert loss.tolist() == pytest.approx(expected)
+    assert clipped.tolist() == [1.0, 0.0, 0.0]
+    unclipped, _ = value_loss(values, old, returns, clip=0.0)
+    assert unclipped.tolist() == pytest.approx([0.0, 0.125, 0.5])
+
+
+def test_kl_estimators_and_entropy_match_direct_computation():
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    p = torch.softmax(logits, -1)
+    assert entropy_from_logits(logits).tolist() == pytest.approx((-(p * p.log()).sum(-1)).tolist(), rel=1e-6)
+    lp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
+    assert kl_k3(lp, ref).tolist() == pytest.approx([math.exp(-0.5) + 0.5 - 1.0, 0.0])
+    assert kl_penalty(lp, ref, 0.1).tolist() == pytest.approx([-0.05, 0.0])
+    # k3 is an unbiased estimate of KL(p || q) on samples from p.
+    q = torch.softmax(torch.tensor([0.0, 1.0, 0.0]), -1)
+    exact = float((p[0] * (p[0].log() - q.log())).sum())
+    estimate = float((p[0] * kl_k3(p[0].log(), q.log())).sum())
+    assert estimate == pytest.approx(exact, rel=1e-5)
+
+
+def test_token_mean_over_micro_batches_weighs_every_token_of_the_step_equally():
+    per_token = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0])
+    # one long sequence split from four short ones: the sum of micro-batch terms is the step's token mean
+    total = token_mean(per_token[:4], 5) + token_mean(per_token[4:], 5)
+    assert float(total) == pytest.approx(float(per_token.mean()))
+    with pytest.raises(ValueError, match="generated-token count"):
+        token_mean(per_token, 0)
+
+
+# --------------------------------------------------------------------------- flattening and packing
+
+
+def test_flatten_orders_generated_tokens_across_segments_with_their_versions_and_turn_ends():
+    s0, s1 = Segment(), Segment()
+    s0.extend([1, 2], generated=False)
+    s0.extend([10, 11], generated=True, logprobs=[-0.1, -0.2])
+    s0.extend([3], generated=False)
+    s0.extend([12], generated=True, logprobs=[-0.3])
+    s1.extend([1, 4], generated=False)  # the continuation after old observations were elided
+    s1.extend([13, 14], generated=True, logprobs=[-0.4, -0.5])
+    turns = [Turn(0, 2, 4, version=3, reward=1.0), Turn(0, 5, 6, version=4), Turn(1, 2, 4, version=5, reward=2.0)]
+    traj = Trajectory(episode_id="e", task_id="t", segments=[s0, s1], turns=turns, reward=3.0)
+    batch = flatten([traj])
+    assert batch.behaviour_logprobs.tolist() == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5])
+    assert batch.versions.tolist() == [3, 3, 4, 5, 5]
+    assert batch.turn_ends == [[2, 3, 5]] and batch.turn_rewards == [[1.0, 0.0, 2.0]]
+    assert [(s.generated, s.flat_start) for s in batch.sequences] == [([2, 3, 5], 0), ([2, 3], 3)]
+
+
+def test_flatten_rejects_chat_only_and_empty_trajectories_naming_them():
+    chat = Trajectory(episode_id="chat", task_id="t", token_level=False)
+    with pytest.raises(BatchError, match="chat"):
+        flatten([chat])
+    seg = Segment()
+    seg.extend([1, 2], generated=False)
+    empty = Trajectory(episode_id="empty", task_id="t", segments=[seg], stop_reason="error", error="boom")
+    with pytest.raises(BatchError, match="empty.*no generated tokens"):
+        flatten([empty])
+
+
+def _random_sequences(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    seqs, offset = [], 0
+    for n in lengths:
+        ids = torch.randint(3, 2000, (n,), generator=g).tolist()
+        generated = [j for j in range(2, n) if j % 3 != 0]
+        seqs.append(SequenceRef(ids, generated, offset))
+        offset += len(generated)
+    return seqs, offset
+
+
+def test_packing_respects_the_token_budget_and_scores_every_generated_token_once():
+    seqs, total = _random_sequences([30, 7, 12, 25, 5, 19, 40])
+    micro = pack(seqs, token_budget=45)
+    assert all(m.num_tokens <= 45 for m in micro), [m.num_tokens for m in micro]
+    assert sum(m.num_tokens for m in micro) == sum(len(s.token_ids) for s in seqs)  # no padding
+    flat = sorted(i for m in micro for i in m.flat_index.tolist())
+    assert flat == list(range(total))
+    for m in micro:
+        assert (m.input_ids[0, m.predict_at + 1] == m.targets).all(), "each target is the token after its predictor"
+        assert (m.position_ids[0, m.predict_at + 1] > 0).all(), "no target starts a sequence"
+    assert len(pack(seqs, token_budget=10)) == 7  # longer than the budget: one row each
+    groups = split_minibatches(micro, 2)
+    assert sorted(i for g in groups for m in g for i in m.flat_index.tolist()) == list(range(total))
+    with pytest.raises(BatchError, match="ppo_minibatches"):
+        split_minibatches(micro, len(micro) + 1)
+
+
+def test_packed_logprobs_equal_unpacked_ones_and_packing_without_restarting_positions_would_not(tiny_model_dir):
+    from learner.models import load_policy, score_tokens
+
+    model = load_policy(tiny_model_dir, torch.float32, "sdpa", grad_checkpointing=False).eval()
+    seqs, total = _random_sequences([11, 23, 6, 17])
+    micro = pack(seqs, token_budget=1000)
+    assert len(micro) == 1 and len(micro[0].sequence_lengths) == 4
+    with torch.no_grad():
+        packed = torch.zeros(total)
+        lp, entropy = score_tokens(model, micro[0], with_entropy=True)
+        packed[micro[0].flat_index] = lp
+        unpacked = torch.zeros(total)
+        for s in seqs:
+            logp = torch.log_softmax(model(torch.tensor([s.token_ids])).logits[0], -1)
+            for k, j in enumerate(s.generated):
+                unpacked[s.flat_start + k] = logp[j - 1, s.token_ids[j]]
+        diff = (packed - unpacked).abs().max()
+        assert diff < 1e-4, f"packed and unpacked logprobs differ by {diff}"
+        assert torch.isfinite(entropy).all() and (entropy > 0).all()
+        # The same row scored as one long sequence: later segments would attend across boundaries.
+        row = micro[0]
+        naive = model(input_ids=row.input_ids, use_cache=False).logits[0, row.predict_at]
+        naive = torch.log_softmax(naive, -1).gather(-1, row.targets[:, None]).squeeze(-1)
+        assert (naive - lp).abs().max() > 1e-2, "the check above would pass without packed attention"
+
+
+# --------------------------------------------------------------------------- RFT filter
+
+
+def _episode(name, reward, texts, invalid=None, tools=None, stop="submit"):
+    turns = [([20 + k, 21 + k], [-0.5, -0.5], 0) for k in range(len(texts))]
+    traj = make_trajectory(name, PROMPT, turns, OBSERVATION, reward, texts=texts, invalid=invalid, tools=tools)
+    traj.stop_reason = stop
+    return traj
+
+
+def test_rft_filter_keeps_successful_clean_episodes_and_says_why_it_dropped_the_others():
+    cfg = RFTConfig(reward_threshold=1.0, max_invalid_call_rate=0.25, max_repeated_actions=2)
+    good = _episode("good", 3.0, ["write", "compile", "compile", "submit"])
+    low = _episode("low", -1.0, ["write", "submit"])
+    invalid = _episode("invalid", 2.0, ["a", "b"], invalid=[1, 1], tools=[["compile"], []])
+    loop = _episode("loop", 3.0, ["write", "compile", "compile", "compile", "submit"])
+    error = _episode("error", 3.0, ["write"], stop="error")
+    assert invalid_call_rate(invalid) == pytest.approx(2 / 3)
+    assert longest_repeat(loop) == 3 and longest_repeat(good) == 2
+    kept, dropped = filter_trajectories([good, low, invalid, loop, error], cfg)
+    assert [t.episode_id for t in kept] == ["good"]
+    assert dropped == {"low_reward": 1, "invalid_calls": 1, "repeated_actions": 1, "error": 1}
+
+
+def test_repeated_actions_fall_back_to_tokens_when_no_text_was_kept():
+    same = make_trajectory("same", PROMPT, [([20, 21], [-0.5, -0.5], 0)] * 3, OBSERVATION, 1.0)
+    assert longest_repeat(same) == 3
+
+
+# --------------------------------------------------------------------------- LR schedule
+
+
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    f = lambda s: lr_multiplier(s, warmup_steps=4, total_steps=14, schedule=LRSchedule.cosine, min_ratio=0.1)  # noqa: E731
+    assert [f(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f(4) == pytest.approx(1.0) and f(9) == pytest.approx(0.55) and f(14) == pytest.approx(0.1)
+    assert f(100) == pytest.approx(0.1)
+    assert lr_multiplier(50, 4, 14, LRSchedule.constant, 0.1) == 1.0

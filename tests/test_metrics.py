@@ -1,0 +1,120 @@
+"""The metrics sink (JSONL and TensorBoard, resumable), the end-of-run plots, and the progress display."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+from types import SimpleNamespace
+
+
+from launch.metrics import (METRICS_FILE, MILESTONE_RATES, PLOTS, REWARD, STALENESS, TB_DIR, TOKENS_PER_S,
+                            MetricsSink, ProgressDisplay, episode_metrics, read_metrics, write_plots)
+
+
+def tensorboard_scalars(out_dir, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out_dir / TB_DIR))
+    acc.Reload()
+    return [(e.step, round(e.value, 6)) for e in acc.Scalars(tag)]
+
+
+def log_steps(out_dir, steps, offset: float = 0.0, **kwargs) -> None:
+    with MetricsSink(out_dir, **kwargs) as sink:
+        for step in steps:
+            assert sink.log(step, {"reward": {"mean": step + offset}, "loss": 0.5}, stage="rft")
+
+
+def test_each_step_becomes_one_jsonl_record_and_tensorboard_scalars(tmp_path):
+    with MetricsSink(tmp_path) as sink:
+        sink.log(1, {"reward": {"mean": 1.5, "min": -1}, "loss": float("nan"), "ok": True, "note": "warm-up"}, stage="rft")
+        sink.log(2, {"reward": {"mean": 2.0}})
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    first = records[0]
+    assert (first["stage"], first["reward/mean"], first["reward/min"], first["loss"], first["ok"], first["note"]) == (
+        "rft", 1.5, -1, None, True, "warm-up")  # NaN is null: JSON has no NaN
+    assert json.loads((tmp_path / METRICS_FILE).read_text().splitlines()[1])["reward/mean"] == 2.0
+    assert tensorboard_scalars(tmp_path, "reward/mean") == [(1, 1.5), (2, 2.0)]
+    assert tensorboard_scalars(tmp_path, "ok") == [(1, 1.0)]
+
+
+def test_resuming_from_a_checkpoint_replaces_the_steps_after_it_in_both_sinks(tmp_path):
+    log_steps(tmp_path, range(1, 6))  # the run reached step 5; its last checkpoint is step 3
+    log_steps(tmp_path, range(4, 7), offset=100.0, resume_step=3)
+    records = read_metrics(tmp_path)
+    assert [(r["step"], r["reward/mean"]) for r in records] == [(1, 1), (2, 2), (3, 3), (4, 104), (5, 105), (6, 106)]
+    assert tensorboard_scalars(tmp_path, "reward/mean") == [(1, 1), (2, 2), (3, 3), (4, 104), (5, 105), (6, 106)]
+
+
+def test_reopening_without_a_resume_step_continues_and_skips_steps_already_logged(tmp_path, caplog):
+    log_steps(tmp_path, [1, 2])
+    with caplog.at_level(logging.WARNING, logger="cuda_agent.metrics"), MetricsSink(tmp_path) as sink:
+        assert sink.last_step == 2
+        assert not sink.log(2, {"reward": {"mean": 99.0}})
+        assert sink.log(3, {"reward": {"mean": 3.0}})
+    assert "step 2 is already logged (last 2); skipped" in caplog.text
+    assert [(r["step"], r["reward/mean"]) for r in read_metrics(tmp_path)] == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_a_record_torn_by_a_crash_is_dropped_and_the_next_record_stays_readable(tmp_path):
+    log_steps(tmp_path, [1], tensorboard=False)
+    with open(tmp_path / METRICS_FILE, "a") as f:
+        f.write('{"step": 2, "reward/me')
+    log_steps(tmp_path, [2], tensorboard=False)
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_episode_metrics_gives_the_mean_reward_and_the_rate_of_each_milestone_reached():
+    episodes = [SimpleNamespace(reward=r, milestone=m) for r, m in [(-1.0, 0), (1.0, 1), (2.0, 2), (3.0, 3)]]
+    m = episode_metrics(episodes)
+    assert m[REWARD] == 1.25 and m["reward/min"] == -1.0 and m["reward/max"] == 3.0 and m["episodes"] == 4
+    assert [m[k] for k in MILESTONE_RATES.values()] == [0.75, 0.5, 0.25]
+    assert episode_metrics([]) == {"episodes": 0}
+
+
+def test_plots_of_reward_and_milestone_rates_are_written_from_the_jsonl(tmp_path):
+    with MetricsSink(tmp_path, tensorboard=False) as sink:
+        for step in range(1, 7):
+            episodes = [SimpleNamespace(reward=float(step % 3), milestone=step % 4), SimpleNamespace(reward=-1.0, milestone=0)]
+            sink.log(step, episode_metrics(episodes), stage="rft" if step < 4 else "agentic_ppo")
+    written = write_plots(tmp_path)
+    assert written == [tmp_path / PLOTS["reward"], tmp_path / PLOTS["milestones"]]
+    for path in written:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f"{path.name}: not a drawn PNG ({len(data)} bytes)"
+
+
+def test_no_plot_is_written_for_metrics_never_logged(tmp_path):
+    assert write_plots(tmp_path) == []
+    log_steps(tmp_path, [1], tensorboard=False)
+    assert write_plots(tmp_path) == [tmp_path / PLOTS["reward"]]  # reward logged, no milestone rates
+
+
+def test_progress_is_one_plain_log_line_per_step_when_not_on_a_terminal(caplog):
+    from rich.console import Console
+
+    display = ProgressDisplay(10, stage="agentic_ppo", console=Console(file=io.StringIO(), force_terminal=False))
+    assert not display.live_mode
+    metrics = {**episode_metrics([SimpleNamespace(reward=2.0, milestone=2), SimpleNamespace(reward=-1.0, milestone=0)]),
+               TOKENS_PER_S: 1234.4, "env": {"queue_depth": 3}, STALENESS: 0.25}
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"), display:
+        display.update(4, metrics)
+    assert caplog.messages == [
+        "step 4/10 [agentic_ppo] | reward 0.5 | correct 50% eager 50% torch.compile 0% | 1234 tok/s | env queue 3 | staleness 0.25"]
+
+
+def test_progress_on_a_terminal_draws_a_live_panel_with_every_figure():
+    from rich.console import Console
+
+    out = io.StringIO()
+    display = ProgressDisplay(10, stage="rft", console=Console(file=out, force_terminal=True, width=100))
+    assert display.live_mode
+    with display:
+        display.update(3, {REWARD: 1.75, MILESTONE_RATES["correct"]: 0.5, TOKENS_PER_S: 88.0, "env/queue_depth": 2,
+                           "buffer/depth": 5, STALENESS: 1.0})
+    text = out.getvalue()
+    for expected in ("rft: step 3/10", "reward", "1.75", "correct", "50%", "tokens/s", "88", "env queue", "buffer depth",
+                     "staleness", "1.00"):
+        assert expected in text, f"{expected!r} missing from the live panel:\n{text}"

@@ -1,0 +1,97 @@
+"""env_pool.seccomp: the candidate's process may run threads but never start a process or a program.
+
+Each case is a real child process that installs the filter and then does one thing; the
+filter's verdict is the child's fate (SIGSYS kill, or a normal exit).
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from env_pool.pool import EnvPool
+from tasks.loader import load_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(__file__).parent / "env_corpus"
+
+PRELUDE = """
+import ctypes, os, sys, threading
+sys.path.insert(0, {repo!r})
+from env_pool.seccomp import forbid_processes
+libc = ctypes.CDLL(None)
+""".format(repo=str(REPO))
+
+
+def run_filtered(body: str, before: str = "") -> subprocess.CompletedProcess:
+    """Run ``before``, install the filter, run ``body``; the child prints 'survived' if it lives."""
+    code = PRELUDE + textwrap.dedent(before) + "\nforbid_processes()\n" + textwrap.dedent(body) + "\nprint('survived', flush=True)\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def assert_killed(proc: subprocess.CompletedProcess, what: str) -> None:
+    assert proc.returncode == -signal.SIGSYS, (
+        f"{what} was not stopped by the filter: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr[-2000:]}")
+    assert "survived" not in proc.stdout
+
+
+@pytest.mark.parametrize("what, body", [
+    ("libc system()", "libc.system(b'true')"),
+    ("libc fork()", "libc.fork()"),
+    ("libc vfork()", "libc.vfork()"),
+    ("execv of a program", "os.execv('/bin/true', ['true'])"),
+    ("posix_spawn", "os.posix_spawn('/bin/true', ['true'], {})"),
+    ("subprocess.run", "import subprocess; subprocess.run(['true'])"),
+])
+def test_process_creation_and_exec_kill_the_process(what: str, body: str):
+    assert_killed(run_filtered(body), what)
+
+
+def test_threads_still_start_after_the_filter():
+    proc = run_filtered("""
+        out = []
+        ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        assert sorted(out) == list(range(8)), out
+    """)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_thread_started_before_the_filter_is_covered_too():
+    # TSYNC: threads that already exist (an OpenMP pool, CUDA's helpers) get the filter as well.
+    proc = run_filtered(before="""
+        go = threading.Event()
+        def late_fork():
+            go.wait()
+            libc.fork()
+        t = threading.Thread(target=late_fork); t.start()
+    """, body="go.set(); t.join()")
+    assert_killed(proc, "fork() from a thread that predates the filter")
+
+
+def test_torch_openmp_threads_work_under_the_filter():
+    proc = run_filtered(before="""
+        import torch
+        torch.set_num_threads(2)
+    """, body="""
+        a = torch.randn(512, 512)
+        assert torch.allclose((a @ a).sum(), (a.double() @ a.double()).sum().float(), rtol=1e-3)
+    """)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_legitimate_openmp_kernel_passes_with_the_filter_on(tmp_path):
+    # Two threads: libgomp starts its pool inside forward, after the filter is installed.
+    pool = EnvPool({"work_dir": str(tmp_path), "threads": 2, "run_timeout_s": 60.0})
+    assert pool.ctx.cfg.seccomp
+    task = {t.id: t for t in load_tasks()[0]}["level1/01_gelu"]
+    files = {p.name: p.read_text() for p in (CORPUS / "legit" / "gelu_omp").iterdir() if p.name != "case.json"}
+    result = asyncio.run(pool.evaluate(task, files, "verify"))
+    assert result.failure is None, f"{result.failure}: {result.message}\n{result.run_log[-2000:]}"
+    assert all(c.passed for c in result.checks) and len(result.checks) == 5
