@@ -175,6 +175,22 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
     return step
 
 
+async def actor_load(system: System, wall: float) -> dict[str, float]:
+    """How busy the generators and env workers were: queue depths and busy time (idle is the rest)."""
+    gens = await asyncio.gather(*(g.get_stats.remote() for g in system.generators), return_exceptions=True)
+    envs = await asyncio.gather(*(w.health.remote() for w in system.env_workers), return_exceptions=True)
+    gens = [g for g in gens if isinstance(g, dict)]
+    envs = [e["stats"] for e in envs if isinstance(e, dict)]
+    return {
+        "env/queue_depth": float(sum(e["pending"] for e in envs)),
+        "env/busy_s": float(sum(e["busy_s"] for e in envs)),
+        "env/evaluated": float(sum(e["evaluated"] for e in envs)),
+        "generators/busy_s": float(sum(g["busy_s"] for g in gens)),
+        "generators/episodes": float(sum(g["episodes"] for g in gens)),
+        "generators/swap_s": float(sum(g["swap_s"] for g in gens)),
+    }
+
+
 async def retry_while_restarting(call: Any, timeout_s: float = 900.0) -> Any:
     """Ray restarts a dead actor; until it is back, calls fail as unavailable. Keep trying."""
     deadline = time.monotonic() + timeout_s
@@ -226,6 +242,7 @@ async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
     wall = time.perf_counter() - started
     tokens = sum(t.num_tokens for t in fetched.trajectories)
     buffer_stats = await system.buffer.stats.remote()
+    metrics.update(await actor_load(system, wall))
     metrics.update({
         "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "buffer": buffer_stats,
