@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import ray
@@ -82,6 +83,17 @@ class GeneratorActor:
 
         await self._ready()
         named = [item async for item in tensors()]
+        seconds = await self.policy.update_weights(named, version)
+        self.stats["swaps"] += 1
+        self.stats["swap_s"] += seconds
+        return seconds
+
+    async def load_folder(self, path: str, version: int) -> float:
+        """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
+        from safetensors.torch import load_file
+
+        await self._ready()
+        named = [item for f in sorted(Path(path).glob("*.safetensors")) for item in load_file(str(f)).items()]
         seconds = await self.policy.update_weights(named, version)
         self.stats["swaps"] += 1
         self.stats["swap_s"] += seconds

@@ -54,6 +54,13 @@ class System:
         await self.buffer.set_version.remote(self.version)
         return max((r for r in results if isinstance(r, float)), default=0.0)
 
+    async def load_policy(self, path: str, version: int) -> float:
+        """Point every generator at a stage's exported policy folder (when no learner holds it)."""
+        seconds = await asyncio.gather(*(g.load_folder.remote(path, version) for g in self.generators))
+        self.version = max(self.version, version)
+        await self.buffer.set_version.remote(self.version)
+        return max(seconds, default=0.0)
+
     def shutdown(self) -> None:
         for actor in [*self.generators, self.learner, self.buffer, *self.env_workers]:
             ray.kill(actor, no_restart=True)

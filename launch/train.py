@@ -170,8 +170,10 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
     resumed = await system.learn("setup", kind, str(stage_dir), state.policy, state.critic, steps)
     step = int(resumed.get("step", 0))
     system.version = max(state.version, system.version, int(resumed.get("version", 0)))
-    if step or state.policy != base_model:  # the generators started on the base model
+    if step and kind in UPDATES_POLICY:  # resumed mid-stage: the checkpoint's policy
         await system.sync_weights(system.version + 1)
+    elif state.policy != base_model:  # the generators started on the base model: serve the last stage's
+        await system.load_policy(state.policy, system.version + 1)
     return step
 
 

@@ -91,3 +91,20 @@ def test_synchronous_mode_generates_each_batch_then_trains(tiny_model_dir, tmp_p
     by_step = {s: [e for e in episodes if e["step"] == s] for s in (1, 2)}
     assert all(len(v) == 2 for v in by_step.values()), by_step
     assert all(e["versions"] == [v] for s, v in ((1, 0), (2, 1)) for e in by_step[s]), episodes
+
+
+def test_the_recipe_runs_every_stage_and_hands_each_its_predecessors_models(tiny_model_dir, tmp_path):
+    """stage.name=recipe: single-turn PPO, RFT, value pretraining, agentic PPO, one step each;
+    each stage starts from the folders the one before exported, and a rerun has nothing left to do."""
+    from launch.train import train
+
+    out = tmp_path / "recipe"
+    cfg = tiny_config(tiny_model_dir, out, "stage.name=recipe", "stage.steps=1", "rollout.max_turns=2")
+    train(cfg)
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["done"] == ["single_turn_ppo", "rft", "value_pretrain", "agentic_ppo"]
+    assert recipe["policy"].endswith("agentic_ppo/export/policy") and recipe["critic"].endswith("agentic_ppo/export/critic")
+    stages = [r["stage"] for r in read_jsonl(out / "metrics.jsonl")]
+    assert stages == recipe["done"]
+    train(cfg)  # resumes: every stage is done
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
