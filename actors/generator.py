@@ -82,18 +82,17 @@ class GeneratorActor:
                     yield name, tensor
 
         await self._ready()
-        named = [item async for item in tensors()]
-        seconds = await self.policy.update_weights(named, version)
-        self.stats["swaps"] += 1
-        self.stats["swap_s"] += seconds
-        return seconds
+        return await self._swap([item async for item in tensors()], version)
 
     async def load_folder(self, path: str, version: int) -> float:
         """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
         from safetensors.torch import load_file
 
         await self._ready()
-        named = [item for f in sorted(Path(path).glob("*.safetensors")) for item in load_file(str(f)).items()]
+        return await self._swap([item for f in sorted(Path(path).glob("*.safetensors"))
+                                 for item in load_file(str(f)).items()], version)
+
+    async def _swap(self, named: list[tuple[str, Any]], version: int) -> float:
         seconds = await self.policy.update_weights(named, version)
         self.stats["swaps"] += 1
         self.stats["swap_s"] += seconds

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 import ray
 from ray.exceptions import RayActorError
 
+from actors.system import retry_while_restarting
 from tasks.task import Task
 
 log = logging.getLogger("cuda_agent.jobs")
@@ -91,20 +92,9 @@ class JobFeeder:
                 self.restarts += 1
                 log.warning("generator died (%s); rerunning its %d episode(s) after it restarts", type(err).__name__, len(jobs))
                 self.reruns += len(jobs)
-                await self._wait_restarted(generator)
+                await retry_while_restarting(lambda: self.on_restart(generator), (RayActorError,))
             finally:
                 self.inflight.discard(ref)
-
-    async def _wait_restarted(self, generator: Any, timeout_s: float = 900.0) -> None:
-        """Ray restarts the actor; calls fail as "unavailable" until it is back."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            try:
-                return await self.on_restart(generator)
-            except RayActorError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(1.0)
 
     async def cancel(self, buffer: Any) -> int:
         """Stop the running chunks and empty the buffer of what they made; returns the episodes dropped."""

@@ -8,8 +8,9 @@ restarts too, and the driver resumes it from its last checkpoint.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import ray
 from omegaconf import OmegaConf
@@ -24,6 +25,19 @@ from env_pool.pool import EnvWorker
 
 class LearnerDied(RuntimeError):
     """The learner actor died mid-call; Ray restarts it and the driver resumes it from its checkpoint."""
+
+
+async def retry_while_restarting(call: Callable[[], Awaitable[Any]], errors: tuple[type[BaseException], ...],
+                                 timeout_s: float = 900.0) -> Any:
+    """Ray restarts a dead actor; until it is back, calls to it fail as unavailable. Keep trying."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except errors:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
 
 
 @dataclass
@@ -50,16 +64,19 @@ class System:
         for result in results:  # a generator that died mid-swap is re-synced by the driver when it restarts
             if isinstance(result, BaseException) and not isinstance(result, RayActorError):
                 raise result
-        self.version = max(self.version, version)
-        await self.buffer.set_version.remote(self.version)
+        await self._serve_version(version)
         return max((r for r in results if isinstance(r, float)), default=0.0)
 
     async def load_policy(self, path: str, version: int) -> float:
         """Point every generator at a stage's exported policy folder (when no learner holds it)."""
         seconds = await asyncio.gather(*(g.load_folder.remote(path, version) for g in self.generators))
+        await self._serve_version(version)
+        return max(seconds, default=0.0)
+
+    async def _serve_version(self, version: int) -> None:
+        """The generators serve ``version`` now; the buffer judges staleness against it."""
         self.version = max(self.version, version)
         await self.buffer.set_version.remote(self.version)
-        return max(seconds, default=0.0)
 
     def shutdown(self) -> None:
         for actor in [*self.generators, self.learner, self.buffer, *self.env_workers]:

@@ -32,7 +32,7 @@ import ray
 from actors.buffer import fetch
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
-from actors.system import LearnerDied, System, start_system
+from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
 from launch.metrics import MetricsSink, ProgressDisplay, episode_metrics, write_plots
@@ -138,7 +138,8 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                 except LearnerDied as err:
                     learner_restarts += 1
                     log.warning("%s; resuming it from its last checkpoint", err)
-                    step = await retry_while_restarting(lambda: setup_learner(kind, stage_dir, system, state, base_model, steps))
+                    step = await retry_while_restarting(
+                        lambda: setup_learner(kind, stage_dir, system, state, base_model, steps), (LearnerDied,))
                     continue
                 step += 1
                 metrics["jobs/learner_restarts"] = learner_restarts
@@ -193,18 +194,6 @@ async def actor_load(system: System, wall: float) -> dict[str, float]:
     }
 
 
-async def retry_while_restarting(call: Any, timeout_s: float = 900.0) -> Any:
-    """Ray restarts a dead actor; until it is back, calls fail as unavailable. Keep trying."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await call()
-        except LearnerDied:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1.0)
-
-
 async def first_of(ref: Any, background: asyncio.Task | None) -> Any:
     """Await ``ref``, unless the generation feeder fails first: then its error, not a silent wait forever."""
     if background is None:
@@ -240,7 +229,8 @@ async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
         trajectories, rejected = filter_trajectories(trajectories, cfg.learner.rft)
         metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(trajectories)})
     if trajectories:
-        metrics["learner"] = await system.learn("step", [ray.put(t) for t in trajectories])
+        ref_of = {item.meta.episode_id: item.ref for item in batch.items}  # already in the object store
+        metrics["learner"] = await system.learn("step", [ref_of[t.episode_id] for t in trajectories])
     wall = time.perf_counter() - started
     tokens = sum(t.num_tokens for t in fetched.trajectories)
     buffer_stats = await system.buffer.stats.remote()
