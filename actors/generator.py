@@ -2,7 +2,8 @@
 
 The driver hands it jobs (task, episode id); episodes call the env workers through a
 RayEnvClient; each finished trajectory goes into the object store (``push``) and only its
-reference travels to the TrajectoryBuffer. Weights arrive as object-store buckets and are
+reference travels to the TrajectoryBuffer. Weights arrive by one of the transports of
+actors/weight_sync.py (object-store buckets, a NCCL broadcast, CUDA IPC handles) and are
 hot-swapped into the running engine: episodes in flight carry on, and each turn records the
 policy version that generated it.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import ray
 from omegaconf import OmegaConf
@@ -34,6 +35,7 @@ class GeneratorActor:
         self.policy = None  # the engine starts on first use, inside the actor's event loop
         self.runner = None
         self.max_turns: int | None = None
+        self.joined = False  # in a NCCL weight group with the learner (a restarted actor is not)
         self.starting = asyncio.Lock()  # a restarted actor may get a weight swap and a start at once
         self.stats = {"episodes": 0, "generated_tokens": 0, "busy_s": 0.0, "swaps": 0, "swap_s": 0.0}
 
@@ -82,21 +84,50 @@ class GeneratorActor:
                     yield name, tensor
 
         await self._ready()
-        return await self._swap([item async for item in tensors()], version)
+        named = [item async for item in tensors()]
+        return await self._swap(lambda: self.policy.update_weights(named, version))
+
+    async def update_weights_nccl(self, layouts: list[tuple[list, int]], version: int) -> float:
+        """Receive the learner's NCCL broadcast of buckets with these layouts and swap them in."""
+        return await self._swap(lambda: self.policy.update_weights_nccl(layouts, version))
+
+    async def update_weights_ipc(self, handles: list[tuple[bytes, list]], device_uuid: str, version: int) -> float:
+        """Copy in the buckets the learner shares on this GPU as CUDA IPC handles, and swap them in."""
+        return await self._swap(lambda: self.policy.update_weights_ipc(handles, device_uuid, version))
 
     async def load_folder(self, path: str, version: int) -> float:
         """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
         from safetensors.torch import load_file
 
         await self._ready()
-        return await self._swap([item for f in sorted(Path(path).glob("*.safetensors"))
-                                 for item in load_file(str(f)).items()], version)
+        named = [item for f in sorted(Path(path).glob("*.safetensors")) for item in load_file(str(f)).items()]
+        return await self._swap(lambda: self.policy.update_weights(named, version))
 
-    async def _swap(self, named: list[tuple[str, Any]], version: int) -> float:
-        seconds = await self.policy.update_weights(named, version)
+    async def _swap(self, swap: Callable[[], Awaitable[float]]) -> float:
+        await self._ready()
+        seconds = await swap()
         self.stats["swaps"] += 1
         self.stats["swap_s"] += seconds
         return seconds
+
+    def num_workers(self) -> int:
+        """vLLM worker processes (one per tensor-parallel GPU): each joins a NCCL weight group."""
+        return max(1, self.cfg.cluster.generator_gpus)
+
+    def weight_group_joined(self) -> bool:
+        return self.joined
+
+    async def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        await self._ready()
+        self.joined = False
+        await self.policy.join_weight_group(host, port, world_size)
+        self.joined = True
+
+    async def check_weight_layouts(self, layouts: list[tuple[list, int]]) -> None:
+        """Refuse wrong names or shapes before a broadcast starts (a refusal mid-broadcast blocks the learner)."""
+        await self._ready()
+        for layout, _ in layouts:
+            self.policy.checked_layout(layout)
 
     def version(self) -> int:
         return self.policy.version

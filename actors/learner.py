@@ -1,27 +1,37 @@
 """LearnerActor: the DeepSpeed engines of one training stage, behind a Ray actor.
 
-One actor is one learner rank. The driver builds the trainer a stage needs (PPO with a critic,
-RFT, or value pretraining), feeds it batches of trajectories from the object store, asks for
-the policy's weights as object-store buckets after each step (the CPU weight-sync path), and
-has it checkpoint. A stage ends by exporting its models as Hugging Face folders, which the
-next stage starts from: the recipe's hand-offs (RFT's policy into PPO, value pretraining's
-critic into PPO) are plain folders a person can load, not state hidden in a process.
+One actor is one learner rank; a LearnerGroup is the data-parallel ranks of one learner (one
+per learner GPU, or ``cluster.learner_cpu_ranks`` over gloo on the CPU). The driver builds
+the trainer a stage needs (PPO with a critic, RFT, or value pretraining) on every rank, feeds
+each rank its share of a batch of trajectories from the object store, sends the policy's
+weights to the generators after a step (actors/weight_sync.py) and has it checkpoint. A
+stage ends by exporting its models as Hugging Face folders, which the next stage starts
+from: the recipe's hand-offs (RFT's policy into PPO, value pretraining's critic into PPO) are
+plain folders a person can load, not state hidden in a process.
+
+Every rank takes part in every call (DeepSpeed's steps, saves and ZeRO-3 gathers are
+collective); rank 0's answer is the group's. A rank that dies breaks the others' process
+group, so the group restarts whole: every rank is replaced and resumes from the checkpoint.
 """
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import socket
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray
 from omegaconf import OmegaConf
 
 from configs.schema import Config
 from learner.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from actors.weight_sync import WeightSender
 from learner.weights import iter_weight_buckets
 
 TRAINERS = ("ppo", "rft", "value")
+SUMMED_METRICS = ("tokens", "generated_tokens", "micro_batches")
 
 
 def _trainer(kind: str, cfg: Any, policy_path: str, critic_path: str | None, total_steps: int):
@@ -43,12 +53,22 @@ def _trainer(kind: str, cfg: Any, policy_path: str, critic_path: str | None, tot
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, cfg: Mapping[str, Any]):
+    def __init__(self, cfg: Mapping[str, Any], rank: int = 0, world_size: int = 1, master: tuple[str, int] | None = None):
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_gpu() else "cuda")
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        self.rank, self.world_size = rank, world_size
+        self.master = master or _own_address()
+        if world_size > 1:  # one process a rank; Ray shows each rank only its own GPU, hence local rank 0
+            os.environ.update(MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]), RANK=str(rank),
+                              WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         self.trainer = None
         self.kind = ""
         self.checkpoints = Path()
+        self.sender = WeightSender(rank)
+
+    def master_address(self) -> tuple[str, int]:
+        """Where the other ranks meet rank 0 (its node and a port it found free)."""
+        return self.master
 
     def setup(self, kind: str, stage_dir: str, policy_path: str, critic_path: str | None, total_steps: int) -> dict[str, Any]:
         """Build the stage's trainer and resume it from the stage's latest checkpoint, if any."""
@@ -62,9 +82,10 @@ class LearnerActor:
             self.trainer.load_state(state["trainer"])
         return state or {}
 
-    def step(self, batch: list[Any]) -> dict[str, float]:
-        """One learner step on trajectories; ``batch`` holds their object refs (nested, so unresolved)."""
-        return self.trainer.step(ray.get(batch))
+    def step(self, batch: list[Any], weights: list[float] | None = None) -> dict[str, float]:
+        """One learner step on this rank's trajectories; ``batch`` holds their object refs (nested,
+        so unresolved) and ``weights`` their loss weights."""
+        return self.trainer.step(ray.get(batch), weights)
 
     def version(self) -> int:
         return getattr(self.trainer, "version", 0)
@@ -73,11 +94,33 @@ class LearnerActor:
         state = {"trainer": self.trainer.state(), **extra}
         return str(save_checkpoint(self.checkpoints, step, self.trainer.engines(), state))
 
-    def export_weights(self, bucket_mb: int = 512) -> list[Any]:
-        """The policy's weights as object-store buckets of (name, tensor) pairs, for the generators."""
-        policy = self.trainer.engines()["policy"]
-        return [ray.put([(n, t.detach().cpu().clone()) for n, t in bucket])
-                for bucket in iter_weight_buckets(policy, bucket_mb * 2**20)]
+    def export_weights(self, bucket_mb: int) -> list[Any]:
+        """The policy's weights as object-store buckets of (name, CPU tensor) pairs (rank 0's; the others gather)."""
+        buckets = [[(n, t.detach().cpu().clone()) for n, t in bucket]
+                   for bucket in iter_weight_buckets(self._policy(), bucket_mb * 2**20)]
+        return [ray.put(b) for b in buckets] if self.rank == 0 else []
+
+    def weight_layouts(self, bucket_mb: int) -> list[tuple[list, int]]:
+        return self.sender.layouts(self._policy(), bucket_mb * 2**20)
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return self.sender.address()
+
+    def join_weight_group(self, index: int, host: str, port: int, world_size: int) -> None:
+        if self.rank == 0:
+            self.sender.join(index, host, port, world_size)
+
+    def broadcast_weights(self, index: int, bucket_mb: int) -> float:
+        return self.sender.broadcast(index, self._policy(), bucket_mb * 2**20)
+
+    def share_weights(self, bucket_mb: int) -> tuple[str, list[tuple[bytes, list]]]:
+        return self.sender.share(self._policy(), bucket_mb * 2**20)
+
+    def release_weights(self) -> None:
+        self.sender.release()
+
+    def _policy(self) -> Any:
+        return self.trainer.engines()["policy"]
 
     def export(self, out_dir: str, tokenizer_dir: str) -> dict[str, str]:
         """Write the stage's models as Hugging Face folders; returns {"policy": dir, "critic": dir}."""
@@ -87,6 +130,79 @@ class LearnerActor:
             export_hf(engine, path, tokenizer_dir if name == "policy" else None)
             paths[name] = str(path)
         return paths
+
+
+class LearnerGroup:
+    """The learner's ranks, called as one: every rank runs each call, rank 0 answers."""
+
+    def __init__(self, cfg: Mapping[str, Any], slot_options: Sequence[dict[str, Any]]):
+        self.cfg, self.slot_options = cfg, list(slot_options)
+        self.ranks: list[Any] = []
+
+    @property
+    def world_size(self) -> int:
+        return len(self.slot_options)
+
+    async def start(self) -> None:
+        """Create the ranks: rank 0 first, since the others need its address."""
+        # Named, so that an operator (or a test) can find rank 0: ray.get_actor("cuda-agent-learner").
+        names = ["cuda-agent-learner"] + [f"cuda-agent-learner-{r}" for r in range(1, self.world_size)]
+        first = LearnerActor.options(name=names[0], max_restarts=0, **self.slot_options[0]).remote(
+            self.cfg, 0, self.world_size)
+        master = await first.master_address.remote()
+        self.ranks = [first] + [LearnerActor.options(name=names[r], max_restarts=0, **self.slot_options[r]).remote(
+            self.cfg, r, self.world_size, master) for r in range(1, self.world_size)]
+
+    async def restart(self) -> None:
+        """Replace every rank (a dead one broke the others' process group)."""
+        self.kill()
+        for rank in self.ranks:  # wait until each is gone, so its name and resources are free
+            while True:
+                try:
+                    await rank.master_address.remote()
+                except ray.exceptions.RayActorError:
+                    break
+                await asyncio.sleep(0.2)
+        await self.start()
+
+    def kill(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+
+    async def call(self, method: str, *args: Any) -> Any:
+        results = await asyncio.gather(*(getattr(r, method).remote(*args) for r in self.ranks))
+        return results[0]
+
+    async def step(self, refs: list[Any], sizes: list[int], weights: list[float]) -> dict[str, float]:
+        """Each rank trains on its share of the batch (``deal``). Returns rank 0's metrics (its
+        shares' means; the gradient norms are global), with the counts summed over the ranks."""
+        shares = deal(sizes, self.world_size)
+        results = await asyncio.gather(*(r.step.remote([refs[i] for i in share], [weights[i] for i in share])
+                                         for r, share in zip(self.ranks, shares)))
+        counts = {k: sum(m.get(k, 0.0) for m in results) for k in SUMMED_METRICS if k in results[0]}
+        return {**results[0], **counts}
+
+
+def deal(sizes: list[int], ranks: int) -> list[list[int]]:
+    """Trajectory indices per rank: longest first, each to the rank with the fewest tokens so far,
+    so that ranks finish their step at about the same time. Every rank gets at least one."""
+    if len(sizes) < ranks:
+        raise ValueError(f"{len(sizes)} trajectories cannot feed {ranks} learner ranks: "
+                         f"stage.batch_episodes must be at least the number of learner ranks")
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    load = [0] * ranks
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        r = min(range(ranks), key=lambda r: (len(shares[r]) > 0, load[r]))
+        shares[r].append(i)
+        load[r] += sizes[i]
+    return [sorted(s) for s in shares]
+
+
+def _own_address() -> tuple[str, int]:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
 
 
 def _has_gpu() -> bool:

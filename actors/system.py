@@ -3,7 +3,8 @@
 Restart policy, and why: env workers and generators restart on their own (Ray's
 ``max_restarts``) because they hold nothing that cannot be rebuilt: an env worker's state is
 caches, a generator's is an engine the driver re-syncs with the current weights. The learner
-restarts too, and the driver resumes it from its last checkpoint.
+group is restarted whole by the driver (a dead rank breaks the others' process group), which
+then resumes it from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from ray.exceptions import RayActorError
 
 from actors.buffer import TrajectoryBuffer, buffer_options
 from actors.generator import GeneratorActor
-from actors.learner import LearnerActor
+from actors.learner import LearnerGroup
 from actors.topology import Reservation, ResourcePlan
+from actors.weight_sync import push_weights, resolve_transport
 from env_pool.pool import EnvWorker
 
 
@@ -45,22 +47,40 @@ class System:
     env_workers: list[Any]
     buffer: Any
     generators: list[Any]
-    learner: Any
+    learner: LearnerGroup
+    transport: str = "object_store"  # weight sync (actors/weight_sync.py)
+    bucket_mb: int = 512
+    sync_timeout_s: float = 600.0
     version: int = 0  # the policy version the generators serve
 
     async def learn(self, method: str, *args: Any) -> Any:
-        """Call the learner; its death becomes LearnerDied, which the driver recovers from."""
+        """Call every learner rank; a rank's death becomes LearnerDied, which the driver recovers from."""
+        return await self._learner_call(lambda: self.learner.call(method, *args), method)
+
+    async def train_step(self, refs: list[Any], sizes: list[int], weights: list[float]) -> dict[str, float]:
+        """One learner step, the batch dealt over the ranks."""
+        return await self._learner_call(lambda: self.learner.step(refs, sizes, weights), "step")
+
+    async def _learner_call(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
         try:
-            return await getattr(self.learner, method).remote(*args)
+            return await call()
         except RayActorError as err:
-            raise LearnerDied(f"the learner died during {method}: {err}") from err
+            raise LearnerDied(f"a learner rank died during {what}: {err}") from err
+
+    async def restart_learner(self) -> None:
+        await self.learner.restart()
+
+    async def restart_after_hung_sync(self, generator: Any) -> None:
+        """A NCCL swap failed or ran past its deadline: a side may be blocked in NCCL for good,
+        so both are replaced (Ray restarts the generator; the driver resumes the learner)."""
+        ray.kill(generator, no_restart=False)
+        raise LearnerDied(f"a weight broadcast did not finish within cluster.weight_sync_timeout_s="
+                          f"{self.sync_timeout_s}; the learner and the generator are restarted")
 
     async def sync_weights(self, version: int, generators: list[Any] | None = None) -> float:
-        """Push the learner's policy to the generators (the object-store path); returns the slowest swap's seconds."""
-        buckets = await self.learn("export_weights")
-        targets = self.generators if generators is None else generators
-        results = await asyncio.gather(*(g.update_weights.remote(buckets, version) for g in targets),
-                                       return_exceptions=True)
+        """Push the learner's policy to the generators; returns the slowest swap's seconds."""
+        targets = [(i, g) for i, g in enumerate(self.generators) if generators is None or g in generators]
+        results = await push_weights(self, targets, version, self.transport, self.bucket_mb, self.sync_timeout_s)
         for result in results:  # a generator that died mid-swap is re-synced by the driver when it restarts
             if isinstance(result, BaseException) and not isinstance(result, RayActorError):
                 raise result
@@ -79,12 +99,14 @@ class System:
         await self.buffer.set_version.remote(self.version)
 
     def shutdown(self) -> None:
-        for actor in [*self.generators, self.learner, self.buffer, *self.env_workers]:
+        self.learner.kill()
+        for actor in [*self.generators, self.buffer, *self.env_workers]:
             ray.kill(actor, no_restart=True)
 
 
 async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation) -> System:
     """Create every actor in its reserved bundle and start the engines (in parallel: they are slow)."""
+    transport = resolve_transport(cfg.cluster)
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     env_cfg = cfg_dict["env"]
     env_workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot)).remote(env_cfg)
@@ -94,7 +116,7 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation) -
     generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,
                                          **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index)
                   for slot in plan.generators]
-    learner = LearnerActor.options(name="cuda-agent-learner", max_restarts=-1, max_task_retries=0,
-                                   **reservation.options(plan.learner[0])).remote(cfg_dict)
-    await asyncio.gather(*(g.start.remote() for g in generators))
-    return System(env_workers, buffer, generators, learner)
+    learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner])
+    await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))
+    return System(env_workers, buffer, generators, learner, transport, cfg.rollout.weight_bucket_mb,
+                  cfg.cluster.weight_sync_timeout_s)

@@ -89,7 +89,7 @@ def plan_resources(cfg: Any) -> ResourcePlan:
         layout.place(slot, [layout.new_gpu() for _ in range(c["generator_gpus"])])
     generator_gpus = len(layout.gpus)
 
-    learner = [Slot("learner", r, [], 0.0, c["learner_cpus"]) for r in range(c["learner_gpus"] or 1)]
+    learner = [Slot("learner", r, [], 0.0, c["learner_cpus"]) for r in range(c["learner_gpus"] or c["learner_cpu_ranks"])]
     for slot in learner:
         # Colocated: rank r shares generator GPU r, so weights swap within a device (CUDA IPC).
         shared = c["colocate"] and slot.index < generator_gpus
@@ -159,7 +159,7 @@ def _backend(cfg: Any) -> str:
 
 
 def _validate(c: dict[str, Any], backend: str) -> None:
-    for key in ("num_generators", "num_env_workers"):
+    for key in ("num_generators", "num_env_workers", "learner_cpu_ranks"):
         if c[key] < 1:
             raise TopologyError(f"cluster.{key} must be at least 1, got {c[key]}")
     for key in ("generator_gpus", "env_worker_gpus", "learner_gpus", "generator_cpus", "env_worker_cpus", "learner_cpus"):

@@ -32,6 +32,13 @@ class PlacementStrategy(str, Enum):
     STRICT_SPREAD = "STRICT_SPREAD"  # every bundle on a different node, or fail
 
 
+class WeightSync(str, Enum):
+    auto = "auto"  # object_store without GPUs, ipc when colocated, nccl otherwise
+    object_store = "object_store"  # CPU tensors through Ray's object store (works everywhere)
+    nccl = "nccl"  # a NCCL broadcast from the learner's rank 0 to each generator's GPUs
+    ipc = "ipc"  # CUDA IPC handles: learner and generator on the same GPU
+
+
 class StalePolicy(str, Enum):
     drop = "drop"  # discard trajectories beyond max_staleness
     downweight = "downweight"  # train on them with weight stale_weight ** (versions beyond max_staleness)
@@ -74,7 +81,10 @@ class ClusterConfig:
     env_colocate: bool = False  # env workers time kernels on the generators' GPUs instead of their own (one- and two-GPU machines)
     generator_cpus: float = 1.0  # CPUs reserved per generator (its engine's scheduler; with generator_gpus 0, the model too)
     env_worker_cpus: float = 1.0  # CPUs reserved per env worker (its compile pool; the cpp backend also times on them)
-    learner_cpus: float = 1.0  # CPUs reserved per learner rank (one rank per learner GPU, or one rank on the CPU)
+    learner_cpus: float = 1.0  # CPUs reserved per learner rank (one rank per learner GPU, or learner_cpu_ranks on the CPU)
+    learner_cpu_ranks: int = 1  # data-parallel learner ranks when learner_gpus is 0 (gloo); with GPUs there is one rank per GPU
+    weight_sync: WeightSync = WeightSync.auto  # how new policy weights reach the generators
+    weight_sync_timeout_s: float = 600.0  # a NCCL swap not done by then restarts learner and generator (a peer died mid-broadcast)
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # how Ray places the reserved bundles over nodes
     placement_timeout_s: float = 120.0  # wait this long for the reservation when other jobs hold the resources
 

@@ -81,6 +81,17 @@ def check_sampling(cfg: Any) -> None:
             "because the learner scores the unmodified distribution; other values are for evaluation only")
 
 
+def check_learner_ranks(cfg: Any, ranks: int) -> None:
+    if cfg.stage.batch_episodes < ranks:
+        raise ConfigError(f"stage.batch_episodes={cfg.stage.batch_episodes} is fewer than the {ranks} learner ranks, "
+                          f"each of which trains on whole episodes: raise stage.batch_episodes or lower the ranks")
+    if ranks > 1 and cfg.learner.zero_stage == 3:
+        # Ranks pack different numbers of micro-batches from their shares, and every ZeRO-3
+        # forward gathers parameters collectively: unequal counts would deadlock.
+        raise ConfigError(f"learner.zero_stage=3 with {ranks} learner ranks is not supported: use learner.zero_stage=2 "
+                          f"or one learner rank")
+
+
 def train(cfg: Any) -> Path:
     check_sampling(cfg)
     out = Path(cfg.logging.out_dir)
@@ -88,6 +99,7 @@ def train(cfg: Any) -> Path:
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster)
     plan = plan_resources(cfg)
+    check_learner_ranks(cfg, len(plan.learner))
     reservation = reserve(plan)
     tasks, failures = load_tasks(list(cfg.stage.tasks))
     for f in failures:
@@ -137,9 +149,9 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                         await system.learn("save", step + 1, {"version": system.version})
                 except LearnerDied as err:
                     learner_restarts += 1
-                    log.warning("%s; resuming it from its last checkpoint", err)
-                    step = await retry_while_restarting(
-                        lambda: setup_learner(kind, stage_dir, system, state, base_model, steps), (LearnerDied,))
+                    log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
+                    step = await retry_while_restarting(lambda: restart_learner(kind, stage_dir, system, state,
+                                                                                base_model, steps), (LearnerDied,))
                     continue
                 step += 1
                 metrics["jobs/learner_restarts"] = learner_restarts
@@ -162,6 +174,12 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     state.done.append(stage)
     state.step += steps
     state.save(out)
+
+
+async def restart_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,
+                          steps: int) -> int:
+    await system.restart_learner()
+    return await setup_learner(kind, stage_dir, system, state, base_model, steps)
 
 
 async def setup_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,
@@ -228,9 +246,13 @@ async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
     if kind == "rft":
         trajectories, rejected = filter_trajectories(trajectories, cfg.learner.rft)
         metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(trajectories)})
-    if trajectories:
-        ref_of = {item.meta.episode_id: item.ref for item in batch.items}  # already in the object store
-        metrics["learner"] = await system.learn("step", [ref_of[t.episode_id] for t in trajectories])
+    if len(trajectories) >= system.learner.world_size:  # each rank needs one; fewer happens only after RFT's filter
+        item_of = {item.meta.episode_id: item for item in batch.items}  # already in the object store
+        items = [item_of[t.episode_id] for t in trajectories]
+        metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
+                                                     [i.weight for i in items])
+    elif trajectories:
+        metrics["learner/skipped_small_batch"] = len(trajectories)
     wall = time.perf_counter() - started
     tokens = sum(t.num_tokens for t in fetched.trajectories)
     buffer_stats = await system.buffer.stats.remote()

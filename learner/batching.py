@@ -1,8 +1,9 @@
 """From trajectories to packed micro-batches.
 
 ``flatten`` lays out a batch's generated tokens in one flat order (trajectory by trajectory,
-in generation order): every per-token quantity (sampling logprob, version, value, advantage)
-is a 1-D tensor in that order. ``pack`` puts segments into micro-batches of at most
+in generation order): every per-token quantity (sampling logprob, version, loss weight, value,
+advantage) is a 1-D tensor in that order, and a micro-batch reads its tokens' share through
+``flat_index``. ``pack`` puts segments into micro-batches of at most
 ``token_budget`` tokens by concatenation, with position ids restarting at 0 for each
 segment, and no padding. Transformers reads restarting position ids as packed sequences and
 keeps attention inside each one: FlashAttention-2 turns them into varlen cu_seqlens, and the
@@ -17,6 +18,7 @@ keeps the (tokens x vocabulary) logits tensor to the generated tokens.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +46,7 @@ class FlatBatch:
     sequences: list[SequenceRef]
     behaviour_logprobs: torch.Tensor  # [n] float32: the sampler's logprobs
     versions: torch.Tensor  # [n] int64: policy version that generated each token
+    weights: torch.Tensor  # [n] float32: each token's loss weight, its trajectory's (1.0 unless downweighted)
     spans: list[tuple[int, int]]  # per trajectory, its [start, end) in the flat order
     turn_ends: list[list[int]]  # per trajectory, each turn's end, relative to the trajectory's start
     turn_rewards: list[list[float]]  # per trajectory, each turn's milestone reward
@@ -82,11 +85,36 @@ class MicroBatch:
                           self.targets.to(device), self.flat_index.to(device), list(self.sequence_lengths))
 
 
-def flatten(trajectories: list[Trajectory]) -> FlatBatch:
-    """Lay out the batch's generated tokens; reject trajectories the learner cannot train on."""
+def check_weights(weights: list[float] | None, count: int) -> list[float]:
+    """The trajectories' loss weights (None: all 1.0), each a finite number in (0, 1]."""
+    if weights is None:
+        return [1.0] * count
+    weights = list(weights)
+    if len(weights) != count:
+        raise BatchError(f"weights has {len(weights)} entries for {count} trajectories: pass one loss weight per "
+                         "trajectory, aligned with them, or weights=None for all 1.0")
+    checked = []
+    for k, w in enumerate(weights):
+        try:
+            value = float(w)
+        except (TypeError, ValueError):
+            value = math.nan
+        # 0 would train on nothing while still counting the tokens; above 1 would amplify a stale trajectory.
+        if not (math.isfinite(value) and 0.0 < value <= 1.0):
+            raise BatchError(f"weights[{k}] is {w!r}: each loss weight must be a finite number in (0, 1]; "
+                             "drop the trajectory instead of giving it weight 0")
+        checked.append(value)
+    return checked
+
+
+def flatten(trajectories: list[Trajectory], weights: list[float] | None = None) -> FlatBatch:
+    """Lay out the batch's generated tokens; reject trajectories the learner cannot train on.
+    ``weights`` holds each trajectory's loss weight (see check_weights); its tokens inherit it."""
+    loss_weights = check_weights(weights, len(trajectories))
     sequences: list[SequenceRef] = []
     logprobs: list[float] = []
     versions: list[int] = []
+    token_weights: list[float] = []
     spans, turn_ends, turn_rewards, rewards = [], [], [], []
     for k, traj in enumerate(trajectories):
         if not traj.token_level:
@@ -111,11 +139,12 @@ def flatten(trajectories: list[Trajectory]) -> FlatBatch:
             ends.append(done)
             turn_r.append(float(turn.reward))
         spans.append((start, len(logprobs)))
+        token_weights.extend([loss_weights[k]] * (len(logprobs) - start))
         turn_ends.append(ends)
         turn_rewards.append(turn_r)
         rewards.append(float(traj.reward))
     return FlatBatch(sequences, torch.tensor(logprobs, dtype=torch.float32), torch.tensor(versions, dtype=torch.int64),
-                     spans, turn_ends, turn_rewards, rewards)
+                     torch.tensor(token_weights, dtype=torch.float32), spans, turn_ends, turn_rewards, rewards)
 
 
 def pack(sequences: list[SequenceRef], token_budget: int) -> list[MicroBatch]:

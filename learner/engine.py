@@ -78,6 +78,17 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo")
 
 
+def loss_denominator(local_tokens: float) -> float:
+    """What each rank divides its summed token loss by, for the token mean over all ranks.
+
+    DeepSpeed averages gradients over the data-parallel ranks (divides their sum by the world
+    size), so each rank divides by the global token count over the world size: the averaged
+    gradient is then that of the global token-mean loss.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return all_reduce_sum(local_tokens) / world
+
+
 def all_reduce_sum(value: float) -> float:
     """Sum of ``value`` over the data-parallel ranks (the ranks share a token-mean denominator)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):

@@ -9,6 +9,12 @@
 
 Single-turn episodes are the same code with one turn. Until ``critic_warmup_steps`` learner
 steps have passed, only the critic trains (the policy, and its version, stay put).
+
+Loss weights: the buffer may serve a stale trajectory downweighted (stage.stale_policy); each
+of its tokens' losses (policy, KL, entropy and value terms) is multiplied by that weight before
+the token mean, whose denominator stays the plain generated-token count. Dividing by the sum
+of the weights instead would renormalise them away: a batch of only downweighted trajectories
+would then train as hard as a fresh one, which is what downweighting is meant to prevent.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ class TokenData:
     """Per generated token of the batch, flat order, on the learner's device."""
 
     behaviour: torch.Tensor
+    weights: torch.Tensor  # loss weight (see the module doc)
     prox: torch.Tensor
     ref: torch.Tensor | None
     old_values: torch.Tensor
@@ -55,13 +62,16 @@ class Sums:
 
 
 def update_critic(critic, group: list[MicroBatch], count: float, old_values: torch.Tensor, returns: torch.Tensor,
-                  value_clip: float, sums: Sums) -> None:
-    """One optimiser step of the critic over a group of micro-batches (token-mean value loss)."""
+                  weights: torch.Tensor, value_clip: float, sums: Sums) -> None:
+    """One optimiser step of the critic over a group of micro-batches (token-mean of the
+    weighted value loss, over the plain token count: see the module doc)."""
     dev = engines.device()
     for mb in group:
         mb = mb.to(dev)
+        idx = mb.flat_index
         values = critic_values(critic, mb)
-        loss_tok, clipped = value_loss(values, old_values[mb.flat_index], returns[mb.flat_index], value_clip)
+        loss_tok, clipped = value_loss(values, old_values[idx], returns[idx], value_clip)
+        loss_tok = weights[idx] * loss_tok
         critic.backward(token_mean(loss_tok, count))
         sums.add("value_loss", loss_tok)
         sums.add("value_clip_frac", clipped)
@@ -110,10 +120,11 @@ class PPOTrainer:
 
     # -- the step ---------------------------------------------------------------------
 
-    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """Train on one batch; returns metrics (token means unless named otherwise)."""
+    def step(self, trajectories: list[Trajectory], weights: list[float] | None = None) -> dict[str, float]:
+        """Train on one batch; ``weights`` are the trajectories' loss weights in (0, 1] (None: all
+        1.0). Returns metrics (token means unless named otherwise; losses as weighted)."""
         cfg = self.cfg
-        batch = flatten(trajectories)
+        batch = flatten(trajectories, weights)
         micro = pack(batch.sequences, cfg.micro_batch_tokens)
         data = self._prepare(batch, micro)
         train_policy = self.steps >= cfg.critic_warmup_steps
@@ -121,10 +132,11 @@ class PPOTrainer:
         sums = Sums()
         for _ in range(cfg.ppo_epochs):
             for group in split_minibatches(micro, cfg.ppo_minibatches):
-                count = engines.all_reduce_sum(float(sum(mb.num_generated for mb in group)))
+                count = engines.loss_denominator(float(sum(mb.num_generated for mb in group)))
                 if train_policy:
                     self._update_policy(group, count, data, sums)
-                update_critic(self.critic, group, count, data.old_values, data.returns, cfg.value_clip, sums)
+                update_critic(self.critic, group, count, data.old_values, data.returns, data.weights, cfg.value_clip,
+                              sums)
         self.steps += 1
         if train_policy:
             self.version += 1
@@ -135,6 +147,7 @@ class PPOTrainer:
             return_mean=float(data.returns.mean()),
             value_mean=float(data.old_values.mean()),
             stale_fraction=stale_fraction,
+            mean_loss_weight=float(batch.weights.mean()),
             grad_norm_critic=_grad_norm(self.critic),
             lr=self.policy.get_lr()[0],
             critic_lr=self.critic.get_lr()[0],
@@ -165,7 +178,7 @@ class PPOTrainer:
         if cfg.whiten_advantages:
             advantages = whiten(advantages)
         to = lambda t: None if t is None else t.to(dev)  # noqa: E731
-        return TokenData(to(behaviour), to(prox), to(ref), to(old_values), to(advantages), to(returns))
+        return TokenData(to(behaviour), to(batch.weights), to(prox), to(ref), to(old_values), to(advantages), to(returns))
 
     def _update_policy(self, group: list[MicroBatch], count: float, data: TokenData, sums: Sums) -> None:
         cfg, dev = self.cfg, engines.device()
@@ -174,9 +187,10 @@ class PPOTrainer:
             mb = mb.to(dev)
             idx = mb.flat_index
             logprobs, entropy = score_tokens(self.policy, mb, with_entropy=True, entropy_grad=cfg.entropy_coef > 0)
+            weight = data.weights[idx]
             loss_tok, info = policy_loss(logprobs, data.prox[idx], data.behaviour[idx], data.advantages[idx],
                                          cfg.clip_ratio, cfg.importance_cap)
-            sums.add("policy_loss", loss_tok)
+            sums.add("policy_loss", weight * loss_tok)
             if kl_loss:
                 kl = kl_k3(logprobs, data.ref[idx])
                 loss_tok = loss_tok + cfg.kl_coef * kl
@@ -185,7 +199,9 @@ class PPOTrainer:
                 sums.add("kl_ref", kl_k3(logprobs.detach(), data.ref[idx]))
             if cfg.entropy_coef > 0:
                 loss_tok = loss_tok - cfg.entropy_coef * entropy
-            self.policy.backward(token_mean(loss_tok, count))
+            # Regularisers included: weighting only the surrogate would tip a downweighted token's
+            # balance toward the KL and entropy terms, away from what kl_coef and entropy_coef were tuned for.
+            self.policy.backward(token_mean(weight * loss_tok, count))
             sums.add("entropy", entropy)
             sums.add("clip_frac", info["clipped"])
             sums.add("approx_kl", info["approx_kl"])

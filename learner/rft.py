@@ -95,23 +95,29 @@ class RFTTrainer:
     def load_state(self, state: dict) -> None:
         self.steps = int(state["steps"])
 
-    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One pass over already-filtered trajectories: ``ppo_minibatches`` optimiser steps."""
-        batch = flatten(trajectories)
+    def step(self, trajectories: list[Trajectory], weights: list[float] | None = None) -> dict[str, float]:
+        """One pass over already-filtered trajectories: ``ppo_minibatches`` optimiser steps.
+        ``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0); ``nll`` is
+        reported unweighted, as a measure of fit, while its gradient is weighted."""
+        batch = flatten(trajectories, weights)
         micro = pack(batch.sequences, self.cfg.micro_batch_tokens)
         dev = engines.device()
-        total_loss = 0.0
+        token_weights = batch.weights.to(dev)
+        total_nll = 0.0
         for group in split_minibatches(micro, self.cfg.ppo_minibatches):
-            count = engines.all_reduce_sum(float(sum(mb.num_generated for mb in group)))
+            count = engines.loss_denominator(float(sum(mb.num_generated for mb in group)))
             for mb in group:
-                logprobs, _ = score_tokens(self.policy, mb.to(dev))
-                loss = token_mean(-logprobs, count)
-                self.policy.backward(loss)
-                total_loss += float(loss.detach()) * count
+                mb = mb.to(dev)
+                logprobs, _ = score_tokens(self.policy, mb)
+                # Over the plain token count, not the weights' sum: renormalising would train a
+                # batch of only downweighted episodes as hard as a full-weight one.
+                self.policy.backward(token_mean(-token_weights[mb.flat_index] * logprobs, count))
+                total_nll += float(-logprobs.detach().sum())
             self.policy.step()
         self.steps += 1
         return {
-            "nll": total_loss / batch.num_generated,
+            "nll": total_nll / batch.num_generated,
+            "mean_loss_weight": float(batch.weights.mean()),
             "generated_tokens": float(batch.num_generated),
             "tokens": float(batch.num_tokens),
             "micro_batches": float(len(micro)),

@@ -47,9 +47,10 @@ class ValuePretrainer:
     def load_state(self, state: dict) -> None:
         self.steps = int(state["steps"])
 
-    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    def step(self, trajectories: list[Trajectory], weights: list[float] | None = None) -> dict[str, float]:
+        """``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0), applied as in PPO."""
         cfg = self.cfg
-        batch = flatten(trajectories)
+        batch = flatten(trajectories, weights)
         micro = pack(batch.sequences, cfg.micro_batch_tokens)
         dev = engines.device()
         old_values = score_batch(self.critic, micro, batch.num_generated, critic=True, device=dev)
@@ -57,15 +58,17 @@ class ValuePretrainer:
         sums = Sums()
         for _ in range(cfg.ppo_epochs):
             for group in split_minibatches(micro, cfg.ppo_minibatches):
-                count = engines.all_reduce_sum(float(sum(mb.num_generated for mb in group)))
+                count = engines.loss_denominator(float(sum(mb.num_generated for mb in group)))
                 # No value clipping here: pretraining should fit the returns, not stay near a random head.
-                update_critic(self.critic, group, count, old_values.to(dev), returns.to(dev), 0.0, sums)
+                update_critic(self.critic, group, count, old_values.to(dev), returns.to(dev), batch.weights.to(dev),
+                              0.0, sums)
         self.steps += 1
         metrics = sums.means()
         metrics.update(
             explained_variance=explained_variance(old_values, returns),
             return_mean=float(returns.mean()),
             value_mean=float(old_values.mean()),
+            mean_loss_weight=float(batch.weights.mean()),
             critic_lr=self.critic.get_lr()[0],
             generated_tokens=float(batch.num_generated),
         )

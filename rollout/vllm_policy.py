@@ -26,7 +26,7 @@ import contextlib
 import os
 import time
 import uuid
-from typing import Any, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from rollout.policy import Generation, GenerationRequest, PolicyError
 from rollout.vllm_worker_ext import pack_tensors
@@ -178,17 +178,60 @@ class VLLMPolicy:
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> float:
         """Load new weights (Hugging Face names) into the running engine; returns the seconds taken.
 
-        The tensors are checked against the checkpoint and staged in the workers while
-        generation goes on; only the commit pauses it. New generate() calls wait for the
-        commit; in-flight ones finish on the old weights first (swap_mode "wait") or are
-        frozen and continue on the new ones ("keep"). A swap that fails before the commit
-        leaves the engine serving the old weights at the old version.
+        The tensors are checked against the checkpoint and travel to the workers inside RPC
+        messages (the object-store / CPU path).
+        """
+        async def stage() -> None:
+            for bucket in pack_tensors(self._checked(named_tensors), self.bucket_bytes):
+                await self._rpc("cuda_agent_stage_packed", f"staging weights for version {version}", bucket)
+
+        return await self._swap(stage, version)
+
+    async def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Join the learner's NCCL weight-broadcast group (the learner is rank 0 and joins at once)."""
+        await self._rpc("cuda_agent_join_group", f"joining the weight group at {host}:{port}", host, port, world_size)
+
+    async def update_weights_nccl(self, buckets: list[tuple[list, int]], version: int) -> float:
+        """Receive the learner's broadcast of ``buckets`` ((layout, byte size) each, in the
+        learner's sending order) and load them. Every layout is checked before the first
+        bucket is received: a refusal half-way would leave the learner blocked in its broadcast."""
+        checked = [(self.checked_layout(layout), size) for layout, size in buckets]
+
+        async def stage() -> None:
+            for layout, size in checked:
+                await self._rpc("cuda_agent_stage_nccl", f"receiving weights for version {version}", layout, size)
+
+        return await self._swap(stage, version)
+
+    async def update_weights_ipc(self, buckets: list[tuple[bytes, list]], device_uuid: str, version: int) -> float:
+        """Load weights the learner shares as CUDA IPC handles ((handle, layout) per bucket) on this GPU."""
+        checked = [(handle, self.checked_layout(layout)) for handle, layout in buckets]
+
+        async def stage() -> None:
+            for handle, layout in checked:
+                await self._rpc("cuda_agent_stage_ipc", f"copying weights for version {version}", handle, layout,
+                                device_uuid)
+
+        return await self._swap(stage, version)
+
+    async def _swap(self, stage: Callable[[], Awaitable[None]], version: int) -> float:
+        """Stage (generation goes on), then pause, commit, reset the prefix cache, resume.
+
+        New generate() calls wait for the commit; in-flight ones finish on the old weights
+        first (swap_mode "wait") or are frozen and continue on the new ones ("keep"). A swap
+        that fails before the commit leaves the engine serving the old weights at the old
+        version.
         """
         if version <= self.version:
             raise PolicyError(f"update_weights: version {version} is not newer than the current {self.version}")
         started = time.perf_counter()
         async with self._swap_lock:
-            await self._stage(named_tensors, version)
+            try:
+                await stage()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the staging error is the one worth raising
+                    await self.engine.collective_rpc("cuda_agent_discard")
+                raise
             self._admission.clear()
             try:
                 if self.swap_mode == "wait":
@@ -213,35 +256,33 @@ class VLLMPolicy:
                 self._admission.set()
         return time.perf_counter() - started
 
-    async def _stage(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        try:
-            checked = self._checked(named_tensors)
-            for bucket in pack_tensors(checked, self.bucket_bytes):
-                await self._rpc("cuda_agent_stage_packed", f"staging weights for version {version}", bucket)
-        except BaseException:
-            with contextlib.suppress(Exception):  # the staging error is the one worth raising
-                await self.engine.collective_rpc("cuda_agent_discard")
-            raise
-
     def _checked(self, named_tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         """The tensors, each checked against the checkpoint's name and shape before it travels.
 
         A wrong name or shape found inside the reload would leave layers half-processed; found
-        here, it costs nothing. The tied output head (lm_head.weight where the config ties it
-        to the embedding) is dropped: vLLM holds that tensor once, as the embedding.
+        here, it costs nothing.
         """
+        return ((name, tensor) for name, tensor in named_tensors if self._keep(name, list(tensor.shape)))
+
+    def checked_layout(self, layout: list) -> list:
+        """A flat bucket's layout, checked; an entry dropped here is simply not read (offsets are explicit)."""
+        return [entry for entry in layout if self._keep(entry[0], list(entry[2]))]
+
+    def _keep(self, name: str, shape: list[int]) -> bool:
+        """Whether to load ``name``; raises on a name or shape the checkpoint does not have. The
+        tied output head (lm_head.weight where the config ties it to the embedding) is dropped:
+        vLLM holds that tensor once, as the embedding."""
         shapes, tied = self._checkpoint_shapes()
-        for name, tensor in named_tensors:
-            if shapes is not None:
-                if name not in shapes:
-                    if tied and name == "lm_head.weight":
-                        continue
-                    raise PolicyError(f"update_weights: {name!r} is not a weight of the checkpoint {self.model_dir} "
-                                      f"(names must be Hugging Face names, as in its safetensors files)")
-                if list(tensor.shape) != shapes[name]:
-                    raise PolicyError(f"update_weights: {name!r} has shape {list(tensor.shape)}, "
-                                      f"the checkpoint's is {shapes[name]}")
-            yield name, tensor
+        if shapes is None:
+            return True
+        if name not in shapes:
+            if tied and name == "lm_head.weight":
+                return False
+            raise PolicyError(f"update_weights: {name!r} is not a weight of the checkpoint {self.model_dir} "
+                              f"(names must be Hugging Face names, as in its safetensors files)")
+        if shape != shapes[name]:
+            raise PolicyError(f"update_weights: {name!r} has shape {shape}, the checkpoint's is {shapes[name]}")
+        return True
 
     def _checkpoint_shapes(self) -> tuple[dict[str, list[int]] | None, bool]:
         if self._shapes is None:

@@ -19,15 +19,21 @@ Transports, each a staging method that ends in ``_cuda_agent_stage``:
 - ``cuda_agent_stage_packed``: tensors travel inside the RPC message as raw bytes (the CPU
   path, and a fallback anywhere). The message codec carries bytes natively on every vLLM
   version, whereas its tensor encoding changed between versions.
-- Later: a NCCL broadcast from the learner's rank 0 into a process group set up once by an
-  ``init`` method (learner on other GPUs), and CUDA IPC handles when the learner shares the
-  GPU (colocated). Both add a staging method here and reuse ``cuda_agent_commit``.
+- ``cuda_agent_stage_nccl``: the learner's rank 0 broadcasts each bucket, flattened into one
+  byte buffer, over a NCCL group of itself and this engine's workers (``cuda_agent_join_group``
+  sets it up once; vLLM's own StatelessProcessGroup and PyNcclCommunicator, which leave
+  torch.distributed's global group, the engine's tensor-parallel one, alone). The RPC carries
+  only the bucket's layout. For a learner on other GPUs.
+- ``cuda_agent_stage_ipc``: the learner shares each flattened bucket as a CUDA IPC handle and
+  the worker copies it out of the learner's memory. For a learner on the same GPU (colocated).
+The flat layout (``flatten_bucket``/``unflatten_bucket``) is shared by the last two.
 
 Every method returns a status dict instead of raising: an exception inside a worker RPC
 can take the engine down with it, and a failed swap must leave a serving engine behind.
 """
 from __future__ import annotations
 
+import pickle
 import time
 import traceback
 from typing import Any, Iterable, Iterator
@@ -67,6 +73,67 @@ def unpack_tensors(packed: Iterable[Any]) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, raw.view(torch_dtype).reshape(shape)
 
 
+# One tensor's place in a flattened bucket: (name, dtype name, shape, byte offset).
+FlatEntry = tuple[str, str, list[int], int]
+_ALIGN = 16  # each tensor starts on a 16-byte boundary, so every dtype's view of the bytes is aligned
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def bucket_layout(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[FlatEntry], int]:
+    """Where each tensor of a bucket lies in its flat byte buffer, and the buffer's size."""
+    layout, size = [], 0
+    for name, t in named:
+        layout.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), size))
+        size = _aligned(size + t.numel() * t.element_size())
+    return layout, size
+
+
+def flatten_bucket(named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[FlatEntry]]:
+    """The bucket's tensors copied into one uint8 buffer on their device: one broadcast or one
+    IPC handle per bucket instead of one per tensor."""
+    layout, size = bucket_layout(named)
+    flat = torch.empty(size, dtype=torch.uint8, device=named[0][1].device)
+    for (_, t), (_, _, _, offset) in zip(named, layout):
+        n = t.numel() * t.element_size()
+        flat[offset:offset + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return flat, layout
+
+
+def unflatten_bucket(flat: torch.Tensor, layout: Iterable[Any]) -> list[tuple[str, torch.Tensor]]:
+    """Views of ``flat`` in the bucket's layout (no copy)."""
+    out = []
+    for name, dtype, shape, offset in layout:
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"weight {name!r}: unknown dtype {dtype!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        n = numel * torch.empty(0, dtype=torch_dtype).element_size()
+        out.append((name, flat[offset:offset + n].view(torch_dtype).reshape(shape)))
+    return out
+
+
+def ipc_handle(flat: torch.Tensor) -> bytes:
+    """A CUDA IPC handle for ``flat``, as bytes. It is pickled because vLLM's RPC codec does not
+    carry torch's rebuild function; only our own learner produces these bytes."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return pickle.dumps(reduce_tensor(flat))
+
+
+def open_ipc_handle(handle: bytes, device: torch.device) -> torch.Tensor:
+    """The learner's tensor, mapped into this process. The learner's device index is its own
+    numbering; the tensor lives on the GPU this worker sees as ``device``."""
+    rebuild, args = pickle.loads(handle)
+    args = list(args)
+    args[6] = device.index if device.index is not None else torch.cuda.current_device()
+    return rebuild(*args)
+
+
 def _failure(what: str, e: BaseException) -> dict:
     return {"ok": False, "error": f"{what}: {type(e).__name__}: {e}", "trace": traceback.format_exc(limit=8)}
 
@@ -81,6 +148,47 @@ class WeightUpdateExtension:
         except Exception as e:
             return _failure("unpacking staged weights", e)
         self._cuda_agent_stage(tensors)
+        return {"ok": True, "staged": len(self._cuda_agent_staged)}
+
+    def cuda_agent_join_group(self, host: str, port: int, world_size: int) -> dict:
+        """Join the learner's weight-broadcast group as rank 1 + this worker's rank."""
+        try:
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            from vllm.distributed.utils import StatelessProcessGroup
+
+            rank = 1 + self._cuda_agent_rank()
+            group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+            self._cuda_agent_comm = PyNcclCommunicator(group, device=self.device)
+        except Exception as e:
+            return _failure(f"joining the weight group at {host}:{port}", e)
+        return {"ok": True, "rank": rank}
+
+    def cuda_agent_stage_nccl(self, layout: list, size: int) -> dict:
+        """Receive one flattened bucket from the learner's broadcast and stage its tensors."""
+        try:
+            comm = self.__dict__.get("_cuda_agent_comm")
+            if comm is None:
+                return {"ok": False, "error": "no weight group: cuda_agent_join_group first"}
+            flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+            comm.broadcast(flat, src=0)
+            torch.cuda.current_stream(self.device).synchronize()  # the bucket has arrived before we return
+            self._cuda_agent_stage(unflatten_bucket(flat, layout))
+        except Exception as e:
+            return _failure("receiving a weight bucket", e)
+        return {"ok": True, "staged": len(self._cuda_agent_staged)}
+
+    def cuda_agent_stage_ipc(self, handle: bytes, layout: list, device_uuid: str) -> dict:
+        """Copy one flattened bucket out of the learner's GPU memory (same GPU) and stage it."""
+        try:
+            own = str(torch.cuda.get_device_properties(self.device).uuid)
+            if own != device_uuid:
+                return {"ok": False, "error": f"CUDA IPC needs the learner on this worker's GPU ({own}); "
+                                              f"the learner is on {device_uuid}: use cluster.weight_sync=nccl"}
+            flat = open_ipc_handle(handle, self.device).clone()  # the learner frees its copy after the swap
+            torch.cuda.current_stream(self.device).synchronize()
+            self._cuda_agent_stage(unflatten_bucket(flat, layout))
+        except Exception as e:
+            return _failure("opening a CUDA IPC weight bucket", e)
         return {"ok": True, "staged": len(self._cuda_agent_staged)}
 
     def cuda_agent_commit(self) -> dict:
@@ -107,6 +215,11 @@ class WeightUpdateExtension:
     def cuda_agent_weight_names(self) -> list[str]:
         """The model's parameter names as vLLM holds them (fused names such as qkv_proj)."""
         return [name for name, _ in self._cuda_agent_model().named_parameters()]
+
+    def _cuda_agent_rank(self) -> int:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return get_world_group().rank
 
     def _cuda_agent_stage(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.__dict__.setdefault("_cuda_agent_staged", []).extend(named_tensors)

@@ -171,6 +171,32 @@ def test_flatten_rejects_chat_only_and_empty_trajectories_naming_them():
         flatten([empty])
 
 
+def test_each_generated_token_carries_its_trajectorys_loss_weight_into_every_micro_batch():
+    a = make_trajectory("a", PROMPT, [([5, 6], [-1.0, -1.0], 0), ([7], [-1.0], 0)], OBSERVATION, reward=1.0)
+    b = make_trajectory("b", PROMPT, [([8, 9], [-1.0, -1.0], 0)], OBSERVATION, reward=0.0)
+    c = make_trajectory("c", PROMPT, [([4], [-1.0], 0)], OBSERVATION, reward=0.0)
+    batch = flatten([a, b, c], weights=[1.0, 0.25, 0.5])
+    assert batch.weights.tolist() == [1.0, 1.0, 1.0, 0.25, 0.25, 0.5]
+    assert flatten([a, b, c]).weights.tolist() == [1.0] * 6, "no weights: every token weighs 1"
+    for m in pack(batch.sequences, token_budget=16):  # one trajectory per row: the rows come out reordered
+        expected = {"a": 1.0, "b": 0.25, "c": 0.5}[{5: "a", 8: "b", 4: "c"}[int(m.targets[0])]]
+        assert batch.weights[m.flat_index].tolist() == [expected] * m.num_generated
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1.0], r"weights has 1 entries for 2 trajectories"),
+    ([1.0, 0.0], r"weights\[1\] is 0\.0.*\(0, 1\]"),
+    ([1.5, 1.0], r"weights\[0\] is 1\.5.*\(0, 1\]"),
+    ([1.0, math.nan], r"weights\[1\] is nan.*finite"),
+    ([-0.5, 1.0], r"weights\[0\]"),
+    (["heavy", 1.0], r"weights\[0\] is 'heavy'"),
+])
+def test_flatten_rejects_loss_weights_that_are_not_one_finite_number_in_0_1_per_trajectory(weights, message):
+    a = make_trajectory("a", PROMPT, [([5, 6], [-1.0, -1.0], 0)], OBSERVATION, reward=1.0)
+    with pytest.raises(ValueError, match=message):
+        flatten([a, a], weights=weights)
+
+
 def _random_sequences(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
     seqs, offset = [], 0

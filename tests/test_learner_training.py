@@ -109,6 +109,48 @@ def test_critic_warmup_steps_train_only_the_critic(tiny_model_dir, learner_dist)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.policy.module.named_parameters())
 
 
+# --------------------------------------------------------------------------- loss weights
+
+
+def test_loss_weights_of_one_change_nothing_and_half_weights_halve_losses_and_gradients(tiny_model_dir, learner_dist,
+                                                                                      capsys):
+    """Identical fresh trainers take one step on one batch. The token-mean denominator stays the
+    token count, so weight 0.5 on every trajectory halves every loss and gradient (multiplying by
+    a power of two is exact in floating point, and the one step's losses are measured before its
+    update). Adam would hide the halving in the weights, so the step's metrics are compared."""
+    from learner.ppo import PPOTrainer
+
+    started = time.perf_counter()
+
+    def fresh() -> PPOTrainer:
+        torch.manual_seed(7)
+        # Unwhitened advantages: whitened ones make the first step's surrogate a token mean of ~0.
+        return PPOTrainer.create(_cfg(whiten_advantages=False), tiny_model_dir, total_steps=1)
+
+    plain = fresh()
+    episodes = sample_episodes(plain.policy.module, 8, plain.version)
+    base = plain.step(episodes)
+    ones = fresh().step(episodes, weights=[1.0] * len(episodes))
+    halved_trainer = fresh()
+    halved = halved_trainer.step(episodes, weights=[0.5] * len(episodes))
+    assert base["mean_loss_weight"] == ones["mean_loss_weight"] == 1.0 and halved["mean_loss_weight"] == 0.5
+    for key in ("policy_loss", "value_loss", "grad_norm_policy", "grad_norm_critic", "approx_kl", "clip_frac"):
+        assert ones[key] == base[key], f"{key}: weights of 1.0 gave {ones[key]!r}, weights=None {base[key]!r}"
+    assert abs(base["policy_loss"]) > 1e-3 and base["value_loss"] > 0.0
+    for key in ("policy_loss", "value_loss", "grad_norm_policy", "grad_norm_critic"):
+        assert halved[key] == pytest.approx(base[key] / 2, rel=1e-5), f"{key}: {halved[key]!r} is not half of {base[key]!r}"
+    assert halved["return_mean"] == base["return_mean"], "weights scale the losses, not the targets"
+    mixed = fresh().step(episodes, weights=[1.0, 0.5] * (len(episodes) // 2))
+    assert mixed["mean_loss_weight"] == 0.75  # the toy episodes all have the same length
+    assert base["value_loss"] / 2 < mixed["value_loss"] < base["value_loss"], "per-token value losses are positive"
+
+    for bad in ([1.0] * (len(episodes) - 1), [0.0] * len(episodes), [1.5] * len(episodes), [math.nan] * len(episodes)):
+        with pytest.raises(ValueError, match=r"weights"):
+            halved_trainer.step(episodes, weights=bad)
+    assert (halved_trainer.steps, halved_trainer.version) == (1, 1), "a rejected batch must not count as a step"
+    _timing(capsys, f"loss weights: 4 PPO trainers, 4 steps in {time.perf_counter() - started:.1f}s")
+
+
 # --------------------------------------------------------------------------- resume
 
 
@@ -207,6 +249,37 @@ def test_value_pretraining_raises_explained_variance(tiny_model_dir, learner_dis
     want = score_batch(pretrainer.critic, micro, batch.num_generated, critic=True, device="cpu")
     got = score_batch(reloaded, micro, batch.num_generated, critic=True, device="cpu")
     assert torch.equal(got, want), "the exported critic must predict what the trained one does"
+
+
+def test_rft_and_value_pretraining_weigh_each_trajectorys_tokens_by_its_loss_weight(tiny_model_dir, learner_dist):
+    """As for PPO: half weights halve the gradient (RFT) and the value loss (pretraining); RFT's
+    ``nll`` stays the unweighted fit; ``mean_loss_weight`` weighs trajectories by their tokens."""
+    from learner.rft import RFTTrainer
+    from learner.value_pretrain import ValuePretrainer
+
+    episodes = _rft_episodes()[:4]
+    rft, pretrain = {}, {}
+    for name, weights in (("plain", None), ("half", [0.5] * len(episodes))):
+        torch.manual_seed(8)
+        rft[name] = RFTTrainer.create(_cfg(rft=RFTConfig(lr=3e-3)), tiny_model_dir, total_steps=2).step(episodes, weights)
+        torch.manual_seed(8)
+        pretrain[name] = ValuePretrainer.create(_cfg(), tiny_model_dir, total_steps=2).step(episodes, weights=weights)
+    assert rft["half"]["nll"] == rft["plain"]["nll"]
+    assert rft["half"]["grad_norm_policy"] == pytest.approx(rft["plain"]["grad_norm_policy"] / 2, rel=1e-5)
+    assert pretrain["half"]["value_loss"] == pytest.approx(pretrain["plain"]["value_loss"] / 2, rel=1e-5)
+    assert pretrain["plain"]["mean_loss_weight"] == 1.0 and pretrain["half"]["mean_loss_weight"] == 0.5
+
+    g = torch.Generator().manual_seed(9)
+    long_short = [make_trajectory(f"len{n}", PROMPT, [(torch.randint(3, 2000, (n,), generator=g).tolist(), [-7.0] * n, 0)],
+                                  OBSERVATION, reward=3.0) for n in (8, 2)]
+    torch.manual_seed(8)
+    trainer = RFTTrainer.create(_cfg(rft=RFTConfig(lr=3e-3)), tiny_model_dir, total_steps=2)
+    assert trainer.step(long_short, weights=[1.0, 0.5])["mean_loss_weight"] == pytest.approx((8 * 1.0 + 2 * 0.5) / 10)
+    with pytest.raises(ValueError, match=r"weights has 1 entries for 2 trajectories"):
+        trainer.step(long_short, weights=[1.0])
+    with pytest.raises(ValueError, match=r"weights\[1\] is nan"):
+        trainer.step(long_short, weights=[1.0, math.nan])
+    assert trainer.steps == 1
 
 
 # --------------------------------------------------------------------------- weights

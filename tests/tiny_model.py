@@ -78,11 +78,24 @@ def _build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir: Path) -> Path:
-    """Write a tiny Llama model folder (config, safetensors, tokenizer) into out_dir; return it."""
+# Larger random models with the same tokenizer, for GPU runs that need a realistic size and
+# cannot download one: layer shapes of SmolLM2-135M, and a ~0.4B model (head_dim 64).
+SHAPES = {
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, head_dim=64, tie_word_embeddings=True, max_position_embeddings=16384),
+    "0.5b": dict(hidden_size=1280, intermediate_size=3456, num_hidden_layers=24, num_attention_heads=20,
+                 num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=32768),
+}
+
+
+def build_tiny_model(out_dir: Path, shape: str | None = None) -> Path:
+    """Write a tiny Llama model folder (config, safetensors, tokenizer) into out_dir; return it.
+    ``shape`` (a SHAPES key) makes it a larger random model with the same tokenizer instead."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"shape {shape!r} is not one of {sorted(SHAPES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer()
@@ -103,6 +116,8 @@ def build_tiny_model(out_dir: Path) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
+    for key, value in SHAPES.get(shape, {}).items():
+        setattr(config, key, value)
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(SEED)
@@ -117,3 +132,13 @@ def build_tiny_model(out_dir: Path) -> Path:
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="write a random model folder with the test tokenizer")
+    parser.add_argument("out_dir")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a larger shape (default: the tiny one)")
+    args = parser.parse_args()
+    print(build_tiny_model(Path(args.out_dir), args.shape))
