@@ -157,3 +157,36 @@ def test_a_reservation_blocked_by_other_holders_times_out_and_frees_what_it_aske
         holder.release()
     states = [pg["state"] for pg in ray.util.placement_group_table().values()]
     assert "PENDING" not in states and "CREATED" not in states, states
+
+
+# --------------------------------------------------------------------------- weight sync transport
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ((), "object_store"),
+    (("cluster.generator_gpus=1", "cluster.learner_gpus=1"), "nccl"),
+    (("cluster.generator_gpus=1", "cluster.learner_gpus=1", "cluster.colocate=true"), "ipc"),
+    (("cluster.generator_gpus=1", "cluster.learner_gpus=1", "cluster.weight_sync=object_store"), "object_store"),
+])
+def test_auto_weight_sync_follows_the_topology(overrides, expected):
+    from actors.weight_sync import resolve_transport
+
+    assert resolve_transport(config(*overrides).cluster) == expected
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("cluster.weight_sync=nccl",), "needs GPUs for both learner and generators"),
+    (("cluster.weight_sync=ipc", "cluster.generator_gpus=1", "cluster.learner_gpus=1"), "cluster.colocate=true"),
+])
+def test_a_weight_sync_the_topology_cannot_do_is_refused_with_the_fix(overrides, message):
+    from actors.weight_sync import resolve_transport
+
+    with pytest.raises(ValueError, match=message):
+        resolve_transport(config(*overrides).cluster)
+
+
+def test_cpu_learner_ranks_get_a_slot_each():
+    plan = plan_resources(config("cluster.learner_cpu_ranks=2"))
+    assert [s.index for s in plan.learner] == [0, 1]
+    with pytest.raises(TopologyError, match="learner_cpu_ranks"):
+        plan_resources(config("cluster.learner_cpu_ranks=0"))

@@ -108,3 +108,14 @@ def test_the_recipe_runs_every_stage_and_hands_each_its_predecessors_models(tiny
     assert stages == recipe["done"]
     train(cfg)  # resumes: every stage is done
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_learner_ranks_that_a_batch_or_zero3_cannot_feed_are_refused_before_any_work():
+    from configs.load import ConfigError
+    from launch.train import check_learner_ranks
+
+    check_learner_ranks(load_config([], ["stage.batch_episodes=2"]), 2)
+    with pytest.raises(ConfigError, match="stage.batch_episodes=1 is fewer than the 2 learner ranks"):
+        check_learner_ranks(load_config([], ["stage.batch_episodes=1"]), 2)
+    with pytest.raises(ConfigError, match="learner.zero_stage=3 with 2 learner ranks"):
+        check_learner_ranks(load_config([], ["stage.batch_episodes=4", "learner.zero_stage=3"]), 2)
