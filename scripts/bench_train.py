@@ -60,7 +60,7 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
             out = Path(tmp) / mode
-            cfg = load_config(files, [*overrides, f"stage.asynchronous={mode == 'async'}", f"logging.out_dir={out}",
+            cfg = load_config(files, [*overrides, f"stage.asynchronous={str(mode == 'async').lower()}", f"logging.out_dir={out}",
                                       "logging.progress=false", "stage.resume=false"])
             started = time.perf_counter()
             train(cfg)
