@@ -8,7 +8,8 @@
     ipc           the learner shares flattened buckets as CUDA IPC handles that vLLM's
                   workers copy from (learner and generator on the same GPU: colocated)
 
-``auto`` picks: object_store without GPUs, ipc when colocated, nccl otherwise.
+``auto`` picks: object_store without GPUs, nccl on separate GPUs, ipc when one one-GPU
+generator shares the learner's GPU, and object_store for other colocated shapes.
 
 One NCCL group per generator, not one for all: a group cannot take in a restarted member,
 so a generator that comes back joins a new group of its own and the others keep theirs.
@@ -37,14 +38,20 @@ def resolve_transport(cluster: Any) -> str:
     """The transport ``cluster.weight_sync`` names, or the one ``auto`` picks; checked against the topology."""
     mode = str(getattr(cluster.weight_sync, "value", cluster.weight_sync))
     gpus = bool(cluster.learner_gpus and cluster.generator_gpus)
+    # IPC reaches one GPU: rank 0's, which only a single one-GPU generator shares. Colocated
+    # engines on other GPUs share them with other ranks, and NCCL refuses two ranks on one
+    # GPU, so those take the object store.
+    one_shared_gpu = cluster.colocate and cluster.num_generators == 1 and cluster.generator_gpus == 1
     if mode == "auto":
-        return "object_store" if not gpus else "ipc" if cluster.colocate else "nccl"
+        return "object_store" if not gpus else "nccl" if not cluster.colocate else "ipc" if one_shared_gpu else "object_store"
     if mode in ("nccl", "ipc") and not gpus:
         raise ValueError(f"cluster.weight_sync={mode} needs GPUs for both learner and generators "
                          f"(cluster.learner_gpus and cluster.generator_gpus >= 1); use object_store or auto")
-    if mode == "ipc" and not cluster.colocate:
-        raise ValueError("cluster.weight_sync=ipc needs learner and generators on the same GPU "
-                         "(cluster.colocate=true); use nccl or auto")
+    if mode == "ipc" and not one_shared_gpu:
+        raise ValueError("cluster.weight_sync=ipc needs one generator on one GPU that the learner shares "
+                         "(cluster.colocate=true, cluster.num_generators=1, cluster.generator_gpus=1); use auto")
+    if mode == "nccl" and cluster.colocate:
+        raise ValueError("cluster.weight_sync=nccl cannot join two processes on one GPU (cluster.colocate=true); use auto")
     return mode
 
 

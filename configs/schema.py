@@ -33,7 +33,7 @@ class PlacementStrategy(str, Enum):
 
 
 class WeightSync(str, Enum):
-    auto = "auto"  # object_store without GPUs, ipc when colocated, nccl otherwise
+    auto = "auto"  # object_store without GPUs, nccl on separate GPUs, ipc for one one-GPU generator sharing the learner's GPU
     object_store = "object_store"  # CPU tensors through Ray's object store (works everywhere)
     nccl = "nccl"  # a NCCL broadcast from the learner's rank 0 to each generator's GPUs
     ipc = "ipc"  # CUDA IPC handles: learner and generator on the same GPU
@@ -83,7 +83,7 @@ class ClusterConfig:
     env_worker_cpus: float = 1.0  # CPUs reserved per env worker (its compile pool; the cpp backend also times on them)
     learner_cpus: float = 1.0  # CPUs reserved per learner rank (one rank per learner GPU, or learner_cpu_ranks on the CPU)
     learner_cpu_ranks: int = 1  # data-parallel learner ranks when learner_gpus is 0 (gloo); with GPUs there is one rank per GPU
-    weight_sync: WeightSync = WeightSync.auto  # how new policy weights reach the generators
+    weight_sync: WeightSync = WeightSync.auto  # how new policy weights reach the generators (auto: see actors/weight_sync.py)
     weight_sync_timeout_s: float = 600.0  # a NCCL swap not done by then restarts learner and generator (a peer died mid-broadcast)
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # how Ray places the reserved bundles over nodes
     placement_timeout_s: float = 120.0  # wait this long for the reservation when other jobs hold the resources

@@ -167,6 +167,8 @@ def test_a_reservation_blocked_by_other_holders_times_out_and_frees_what_it_aske
     (("cluster.generator_gpus=1", "cluster.learner_gpus=1"), "nccl"),
     (("cluster.generator_gpus=1", "cluster.learner_gpus=1", "cluster.colocate=true"), "ipc"),
     (("cluster.generator_gpus=1", "cluster.learner_gpus=1", "cluster.weight_sync=object_store"), "object_store"),
+    (("cluster.generator_gpus=1", "cluster.learner_gpus=2", "cluster.num_generators=2", "cluster.colocate=true"),
+     "object_store"),
 ])
 def test_auto_weight_sync_follows_the_topology(overrides, expected):
     from actors.weight_sync import resolve_transport
@@ -177,6 +179,8 @@ def test_auto_weight_sync_follows_the_topology(overrides, expected):
 @pytest.mark.parametrize("overrides, message", [
     (("cluster.weight_sync=nccl",), "needs GPUs for both learner and generators"),
     (("cluster.weight_sync=ipc", "cluster.generator_gpus=1", "cluster.learner_gpus=1"), "cluster.colocate=true"),
+    (("cluster.weight_sync=nccl", "cluster.generator_gpus=1", "cluster.learner_gpus=1", "cluster.colocate=true"),
+     "two processes on one GPU"),
 ])
 def test_a_weight_sync_the_topology_cannot_do_is_refused_with_the_fix(overrides, message):
     from actors.weight_sync import resolve_transport
