@@ -13,7 +13,9 @@ always exactly what the model saw. When nothing is left to elide, the episode st
 ("context").
 
 An episode that ends without ``submit`` is still judged: the final evaluation runs on what the
-agent left in its workspace, so a budget cut-off does not erase the signal of its work.
+agent left in its workspace, so a budget cut-off does not erase the signal of its work. A
+workspace with no model_new.py is judged at once (missing_files, the failure reward), as the
+environment would, without sending it an evaluation.
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ from rollout.tools import ToolBox, ToolResult, format_tool_prompt
 from rollout.trajectory import Segment, ToolCall, Trajectory, Turn
 
 ELIDED = "[observation elided to fit the context budget ({chars} characters); call the tool again if you need it]"
-NO_CALL = ("Your turn had no tool call. Work through the tools: write files, compile, verify, profile, "
-           "and call submit when you are done.")
+# Short: it follows every turn without a call, and each of its tokens is context every later turn attends to.
+NO_CALL = "Your turn had no tool call: call a tool, or submit when you are done."
 
 
 @dataclass
@@ -88,7 +90,7 @@ class Episode:
     def __init__(self, task: Any, policy: Policy, tools: ToolBox, settings: EpisodeSettings,
                  skill: str, backend: str, episode_id: str | None = None):
         self.task, self.policy, self.tools, self.settings = task, policy, tools, settings
-        self.chat = ChatFormat(policy.tokenizer) if policy.token_level else None
+        self.chat = ChatFormat.of(policy.tokenizer) if policy.token_level else None
         self.schemas = tools.schemas()
         prompt = format_tool_prompt(self.schemas, settings.tool_call_format)
         self.messages: list[dict[str, Any]] = [
@@ -113,7 +115,8 @@ class Episode:
             while stop is None:
                 stop = self._budget_stop(start) or await self._turn()
             if self.final is None:  # judged on what it left in the workspace
-                self.final = (await self.tools.call(ToolCall("submit"))).eval
+                self.final = (self.tools.unsubmitted_without_solution(self.settings.failure_reward)
+                              or (await self.tools.call(ToolCall("submit"))).eval)
         except Exception as exc:  # an infrastructure failure: the trajectory says so, the run goes on
             stop, self.traj.error = "error", f"{type(exc).__name__}: {exc}"
         return self._finish(stop, time.monotonic() - start)

@@ -91,7 +91,9 @@ class EpisodeRunner:
                                          self.skill if self.skill_in_prompt else "", self.backend, job.episode_id)
             finally:
                 if not self.keep_workspaces:
-                    ws.remove()
+                    # In a thread: the episodes of a batch end together, and their rmtrees (ms each)
+                    # must not hold up the event loop that feeds the other episodes' turns.
+                    await asyncio.to_thread(ws.remove)
 
     async def run_many(self, jobs: Iterable[Job], progress: bool = True) -> AsyncIterator[Trajectory]:
         """Run every job, yielding trajectories as they finish, with a live progress line."""

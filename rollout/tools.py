@@ -14,9 +14,12 @@ anything but what its workspace holds, and ``submit`` runs the protected final e
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
+from env_pool.evaluate import SOLUTION_FILE
 from env_pool.results import EvalResult, Milestone
 from env_pool.workspace import Workspace, WorkspaceError
 from rollout.env_client import EnvClient
@@ -161,6 +164,25 @@ class ToolBox:
                               "Use profile for timings.", True, "ncu unavailable (cpp)")
         text = await self.env.ncu(self.task, self.workspace.solution_files())
         return ToolResult(text, True, "ncu: " + (text.strip().splitlines() or ["(empty)"])[0][:100])
+
+    def unsubmitted_without_solution(self, failure_reward: float) -> EvalResult | None:
+        """The final evaluation of an episode that ended without submit, when the workspace holds
+        no model_new.py: the environment would fail it as missing_files before running anything,
+        so it is judged here, at once, with no round trip to (or queue at) an env worker.
+        None when there is a solution to evaluate."""
+        try:  # one lstat: solution_files() holds model_new.py when it is a regular file (not a link)
+            mode = os.lstat(self.workspace.path / SOLUTION_FILE).st_mode
+        except FileNotFoundError:
+            mode = 0
+        except OSError:  # the workspace itself is in trouble: the real evaluation says what it can
+            return None
+        if stat.S_ISREG(mode):
+            return None
+        result = EvalResult(task_id=self.task.id, backend=self.backend, failure="missing_files",
+                            message=f"{SOLUTION_FILE} is missing: it must define class ModelNew (the episode ended "
+                                    f"without submit and its workspace holds no solution, so nothing was evaluated)")
+        result.milestone, result.reward = Milestone.FAIL, failure_reward
+        return result
 
     async def _evaluate(self, tool: str) -> ToolResult:
         result = await self.env.evaluate(self.task, self.workspace.solution_files(), MODES[tool])

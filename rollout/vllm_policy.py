@@ -134,6 +134,9 @@ class VLLMPolicy:
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's own logprob only
             output_kind=RequestOutputKind.FINAL_ONLY,
+            # vLLM detokenises every sampled token, incrementally, on the event loop the episodes
+            # share; one decode of the finished turn is far cheaper. Stop strings need the text.
+            detokenize=bool(request.stop),
         )
         while not self._admission.is_set():
             await self._admission.wait()
@@ -160,7 +163,7 @@ class VLLMPolicy:
             raise PolicyError(f"vLLM ended the request with finish_reason {completion.finish_reason!r} (aborted or failed)")
         token_ids = list(completion.token_ids)
         return Generation(
-            text=completion.text,
+            text=completion.text if params.detokenize else self.tokenizer.decode(token_ids, skip_special_tokens=True),
             token_ids=token_ids,
             logprobs=_sampled_logprobs(token_ids, completion.logprobs),
             finish_reason=completion.finish_reason,

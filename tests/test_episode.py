@@ -115,6 +115,30 @@ def test_malformed_and_unknown_calls_are_counted_and_explained(gelu_task, env_po
     assert Trajectory.unpack(traj.pack()) == traj
 
 
+def test_an_episode_that_leaves_no_solution_is_judged_without_the_environment(gelu_task, tmp_path, tokenizer):
+    """No submit, no model_new.py: missing_files at once; an env call would have failed (env=None)."""
+    policy = replay(tmp_path, ["Let me think.", "Still thinking."], tokenizer)
+    ws = Workspace.create(tmp_path / "ws", "ep-empty", gelu_task, "cpp", SHORT_SKILL)
+    tools = ToolBox(gelu_task, ws, None, "cpp")
+    traj = asyncio.run(run_episode(gelu_task, policy, tools, EpisodeSettings(max_turns=2), SHORT_SKILL, "cpp", "ep-empty"))
+    assert traj.stop_reason == "max_turns" and not traj.error
+    assert traj.final_eval["failure"] == "missing_files" and "nothing was evaluated" in traj.final_eval["message"]
+    assert traj.milestone == Milestone.FAIL and traj.reward == -1.0
+    assert_prompts_are_recorded(traj, policy.requests)
+
+
+def test_the_agent_loop_benchmark_runs_its_host_arm():
+    """scripts/bench_agent_loop.py without an engine: the loop against an instant policy, with its phases."""
+    proc = subprocess.run([sys.executable, "scripts/bench_agent_loop.py", "--shape", "tiny", "--host-only",
+                           "--streams", "3", "--turns", "2", "--tokens", "16"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    host = result["host"]
+    assert host["tokens"] == 3 * 2 * 16 and host["phases"]["requests"] == 6
+    assert host["phases"]["stops"] == {"max_turns": 3} and host["ms_per_turn"] > 0
+
+
 def test_context_budget_elides_old_observations_into_a_new_segment(gelu_task, env_pool, tmp_path, tokenizer):
     turns = [call("read_file", path="reference.py")] * 5 + [call("submit")]
     policy = replay(tmp_path, turns, tokenizer)

@@ -204,6 +204,22 @@ def test_submit_ends_the_episode_with_the_final_evaluation(tmp_path, tasks, pool
     assert result.text.startswith("submitted; final evaluation:\nsubmit: FAILED (missing_files)")
 
 
+def test_an_unsubmitted_empty_workspace_is_judged_as_the_environment_would_without_it(tmp_path, tasks, pool):
+    """An episode that ends without submit and without model_new.py needs no evaluation: the
+    local verdict is the environment's (missing_files, FAIL, the failure reward), with no env call."""
+    task = tasks["level1/01_gelu"]
+    box = toolbox(tmp_path, task, env=None)  # any call to the environment would fail
+    assert run(box, "write_file", path="notes.md", content="plan: a GELU kernel").valid
+    local = box.unsubmitted_without_solution(-1.0)
+    assert local is not None and local.failure == "missing_files"
+    assert local.milestone == Milestone.FAIL and local.reward == -1.0 and "model_new.py is missing" in local.message
+    env = asyncio.run(LocalEnvClient(pool).evaluate(task, box.workspace.solution_files(), "full"))
+    assert (env.failure, env.milestone, env.reward) == (local.failure, local.milestone, local.reward)
+    assert EvalResult.from_dict(local.to_dict()) == local
+    assert run(box, "write_file", path="model_new.py", content="class ModelNew: pass\n").valid
+    assert box.unsubmitted_without_solution(-1.0) is None  # a solution: the real final evaluation judges it
+
+
 def test_profile_reference_shows_shapes_time_and_top_operators(tmp_path, tasks, pool):
     box = toolbox(tmp_path, tasks["level2/03_gemm_layernorm_gelu"], LocalEnvClient(pool))
     result = run(box, "profile_reference")
