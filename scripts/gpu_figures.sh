@@ -25,8 +25,8 @@ case "${1:?part 1, 2 or 3}" in
   python3 scripts/bench_weight_sync.py --shape 0.5b --out "$OUT/weight_sync.json" 2>&1 | tail -5
   ;;
 2)
-  python3 scripts/bench_agent_loop.py --shape smollm2-shape --streams 64 --turns 8 --tokens 512 \
-    --out "$OUT/agent_loop.json" 2>&1 | tail -8
+  python3 scripts/bench_agent_loop.py --shape smollm2-shape --raw-eos --streams 64 --turns 8 --tokens 512 \
+    --out "$OUT/agent_loop.json" 2>&1 | tail -30
   started=$(date +%s)
   timeout 420 python3 -m launch.cli train gpu-1xh100 "${TRAIN[@]}" cluster.num_gpus=1 \
     logging.out_dir="$OUT/colocated" > "$OUT/colocated.log" 2>&1
