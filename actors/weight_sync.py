@@ -61,8 +61,10 @@ class WeightSender:
     Every rank runs the bucket iteration (ZeRO-3's gathers are collective); only rank 0 sends.
     """
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, device: Any = None):
         self.rank = rank
+        # The CUDA current device is per thread; a learner rank sees one GPU, a test may pick one.
+        self.device = None if device is None else torch.device(device)
         self.comms: dict[int, Any] = {}  # generator index -> PyNcclCommunicator
         self.shared: list[torch.Tensor] = []  # flat buckets whose IPC handles are out
 
@@ -83,7 +85,8 @@ class WeightSender:
 
         self.comms.pop(index, None)  # a restarted generator's old group is dead
         group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
-        self.comms[index] = PyNcclCommunicator(group, device=torch.device("cuda", torch.cuda.current_device()))
+        with torch.cuda.device(self._device()):
+            self.comms[index] = PyNcclCommunicator(group, device=self._device())
 
     def layouts(self, policy: Any, bucket_bytes: int) -> list[tuple[list, int]]:
         """Each bucket's (layout, byte size), in sending order, for the receiving generator."""
@@ -92,13 +95,14 @@ class WeightSender:
     def broadcast(self, index: int, policy: Any, bucket_bytes: int) -> float:
         """Send every bucket to generator ``index``'s group; returns the bytes sent."""
         sent = 0
-        for bucket in iter_weight_buckets(policy, bucket_bytes):
-            if self.rank != 0:
-                continue
-            flat, _ = flatten_bucket(bucket)
-            self.comms[index].broadcast(flat, src=0)
-            sent += flat.numel()
-        torch.cuda.synchronize()
+        with torch.cuda.device(self._device()):  # pynccl sends on the current device's stream
+            for bucket in iter_weight_buckets(policy, bucket_bytes):
+                if self.rank != 0:
+                    continue
+                flat, _ = flatten_bucket(bucket)
+                self.comms[index].broadcast(flat, src=0)
+                sent += flat.numel()
+            torch.cuda.synchronize()
         return float(sent)
 
     def share(self, policy: Any, bucket_bytes: int) -> tuple[str, list[tuple[bytes, list]]]:
@@ -111,11 +115,14 @@ class WeightSender:
             flat, layout = flatten_bucket(bucket)
             self.shared.append(flat)
             handles.append((ipc_handle(flat), layout))
-        torch.cuda.synchronize()  # the copies are complete before another process reads them
-        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid), handles
+        torch.cuda.synchronize(self._device())  # the copies are complete before another process reads them
+        return str(torch.cuda.get_device_properties(self._device()).uuid), handles
 
     def release(self) -> None:
         self.shared.clear()
+
+    def _device(self) -> torch.device:
+        return self.device or torch.device("cuda", torch.cuda.current_device())
 
 
 async def push_weights(system: Any, generators: list[tuple[int, Any]], version: int, transport: str,

@@ -54,7 +54,7 @@ async def run(args: argparse.Namespace, folder: Path) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype)
         gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
         cpu_named = [(n, p.detach()) for n, p in model.named_parameters()]
-        sender = WeightSender(rank=0)
+        sender = WeightSender(rank=0, device="cuda:0" if gpus else None)
         for _ in range(args.repeats):
             version += 1
             times.setdefault("object_store", []).append(await policy.update_weights(cpu_named, version))
@@ -66,8 +66,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict:
                 times.setdefault("ipc", []).append(await policy.update_weights_ipc(handles, uuid, version))
                 sender.release()
         if gpus >= 2:
-            torch.cuda.set_device(1)
             model.to("cuda:1")
+            sender = WeightSender(rank=0, device="cuda:1")
             host, port = WeightSender.address()
             await asyncio.gather(asyncio.to_thread(sender.join, 0, host, port, 2), policy.join_weight_group(host, port, 2))
             layouts = sender.layouts(model, bucket)

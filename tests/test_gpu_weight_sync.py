@@ -45,7 +45,7 @@ def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny
         try:
             out["old"] = await policy.generate(request)
             model = _perturbed(tiny_model_dir, "cuda:0", seed=1)
-            sender = WeightSender(rank=0)
+            sender = WeightSender(rank=0, device="cuda:0")
             uuid, handles = sender.share(model, bucket)
             out["ipc_buckets"] = len(handles)
             out["ipc_s"] = await policy.update_weights_ipc(handles, uuid, 1)
@@ -54,8 +54,8 @@ def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny
             await policy.update_weights([(n, p.detach().cpu()) for n, p in model.named_parameters()], 2)
             out["object_store"] = await policy.generate(request)
             if two_gpus:  # the learner's tensors on the second GPU, the engine on the first
-                torch.cuda.set_device(1)
                 model = _perturbed(tiny_model_dir, "cuda:1", seed=2)
+                sender = WeightSender(rank=0, device="cuda:1")
                 host, port = WeightSender.address()
                 await asyncio.gather(asyncio.to_thread(sender.join, 0, host, port, 2),
                                      policy.join_weight_group(host, port, 2))

@@ -118,6 +118,7 @@ def build_tiny_model(out_dir: Path, shape: str | None = None) -> Path:
     )
     for key, value in SHAPES.get(shape, {}).items():
         setattr(config, key, value)
+    tokenizer.model_max_length = config.max_position_embeddings
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(SEED)
