@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import socket
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -57,7 +56,7 @@ class LearnerActor:
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_gpu() else "cuda")
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         self.rank, self.world_size = rank, world_size
-        self.master = master or _own_address()
+        self.master = master or WeightSender.address()
         if world_size > 1:  # one process a rank; Ray shows each rank only its own GPU, hence local rank 0
             os.environ.update(MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]), RANK=str(rank),
                               WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -96,9 +95,12 @@ class LearnerActor:
 
     def export_weights(self, bucket_mb: int) -> list[Any]:
         """The policy's weights as object-store buckets of (name, CPU tensor) pairs (rank 0's; the others gather)."""
-        buckets = [[(n, t.detach().cpu().clone()) for n, t in bucket]
-                   for bucket in iter_weight_buckets(self._policy(), bucket_mb * 2**20)]
-        return [ray.put(b) for b in buckets] if self.rank == 0 else []
+        buckets = iter_weight_buckets(self._policy(), bucket_mb * 2**20)
+        if self.rank != 0:
+            for _ in buckets:  # the gathers are collective; only rank 0's copies travel
+                pass
+            return []
+        return [ray.put([(n, t.detach().cpu().clone()) for n, t in bucket]) for bucket in buckets]
 
     def weight_layouts(self, bucket_mb: int) -> list[tuple[list, int]]:
         return self.sender.layouts(self._policy(), bucket_mb * 2**20)
@@ -196,13 +198,6 @@ def deal(sizes: list[int], ranks: int) -> list[list[int]]:
         shares[r].append(i)
         load[r] += sizes[i]
     return [sorted(s) for s in shares]
-
-
-def _own_address() -> tuple[str, int]:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
 
 
 def _has_gpu() -> bool:

@@ -70,7 +70,7 @@ class WeightSender:
 
     @staticmethod
     def address() -> tuple[str, int]:
-        """This node's address and a free port for a new group's rendezvous."""
+        """This node's address and a free port: a rendezvous for a weight group, or for the learner ranks."""
         import ray
 
         with socket.socket() as s:

@@ -13,11 +13,13 @@ of each sampled token. vLLM reports them in ``rollout.logprobs_mode`` (default
 processed_logprobs: after temperature and top-p, the distribution the token was actually
 drawn from; identical to the raw ones at temperature 1 and top_p 1).
 
-Weight swaps (``update_weights``): check the tensors against the checkpoint and stage them in
-the workers (rollout/vllm_worker_ext.py) while generation goes on; then close admission, let
-what is in flight finish on the old weights (``wait``) or freeze it (``keep``), load the
-staged tensors in one in-place reload, drop the prefix cache (its KV came from the old
-weights), take the new version and reopen admission.
+Weight swaps (``update_weights`` from tensors in this process, ``update_weights_nccl`` from
+the learner's broadcast, ``update_weights_ipc`` from the learner's memory on this GPU): check
+the names and shapes against the checkpoint and stage the tensors in the workers
+(rollout/vllm_worker_ext.py) while generation goes on; then close admission, let what is in
+flight finish on the old weights (``wait``) or freeze it (``keep``), load the staged tensors
+in one in-place reload, drop the prefix cache (its KV came from the old weights), take the
+new version and reopen admission.
 """
 from __future__ import annotations
 
