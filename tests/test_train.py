@@ -21,7 +21,7 @@ def tiny_config(model_dir: Path, out: Path, *extra: str):
         f"model.path={model_dir}", f"logging.out_dir={out}", "logging.progress=false",
         "rollout.max_new_tokens=24", "rollout.max_context_tokens=4096", "rollout.skill_in_prompt=false",
         "rollout.episodes_in_flight=2", "rollout.kv_cache_gib=0.25", "stage.batch_episodes=2",
-        "stage.buffer_capacity=8", *extra])
+        "stage.buffer_capacity=8", "stage.asynchronous=true", *extra])  # the product's default mode; cpu-demo's is sync
 
 
 def read_jsonl(path: Path) -> list[dict]:
