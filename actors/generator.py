@@ -83,7 +83,6 @@ class GeneratorActor:
                 for name, tensor in await ref:
                     yield name, tensor
 
-        await self._ready()
         named = [item async for item in tensors()]
         return await self._swap(lambda: self.policy.update_weights(named, version))
 
@@ -99,7 +98,6 @@ class GeneratorActor:
         """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
         from safetensors.torch import load_file
 
-        await self._ready()
         named = [item for f in sorted(Path(path).glob("*.safetensors")) for item in load_file(str(f)).items()]
         return await self._swap(lambda: self.policy.update_weights(named, version))
 

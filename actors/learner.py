@@ -75,6 +75,7 @@ class LearnerActor:
         self.trainer = None  # the previous stage's engines go before this stage's are built
         gc.collect()
         self.trainer = _trainer(kind, self.cfg, policy_path, critic_path, total_steps)
+        self.sender.new_trainer()
         self.checkpoints = Path(stage_dir) / "checkpoints"
         state = load_checkpoint(self.checkpoints, self.trainer.engines())
         if state is not None:

@@ -67,6 +67,7 @@ class WeightSender:
         self.device = None if device is None else torch.device(device)
         self.comms: dict[int, Any] = {}  # generator index -> PyNcclCommunicator
         self.shared: list[torch.Tensor] = []  # flat buckets whose IPC handles are out
+        self._layouts: dict[int, list[tuple[list, int]]] = {}  # per bucket size; the model's shapes do not change
 
     @staticmethod
     def address() -> tuple[str, int]:
@@ -89,8 +90,16 @@ class WeightSender:
             self.comms[index] = PyNcclCommunicator(group, device=self._device())
 
     def layouts(self, policy: Any, bucket_bytes: int) -> list[tuple[list, int]]:
-        """Each bucket's (layout, byte size), in sending order, for the receiving generator."""
-        return [bucket_layout(bucket) for bucket in iter_weight_buckets(policy, bucket_bytes)]
+        """Each bucket's (layout, byte size), in sending order, for the receiving generator.
+
+        Worked out once per trainer: under ZeRO-3 each walk over the buckets gathers the model."""
+        if bucket_bytes not in self._layouts:
+            self._layouts[bucket_bytes] = [bucket_layout(b) for b in iter_weight_buckets(policy, bucket_bytes)]
+        return self._layouts[bucket_bytes]
+
+    def new_trainer(self) -> None:
+        """A stage built new engines: their bucket layouts are worked out again."""
+        self._layouts.clear()
 
     def broadcast(self, index: int, policy: Any, bucket_bytes: int) -> float:
         """Send every bucket to generator ``index``'s group; returns the bytes sent."""

@@ -33,6 +33,7 @@ can take the engine down with it, and a failed swap must leave a serving engine 
 """
 from __future__ import annotations
 
+import math
 import pickle
 import time
 import traceback
@@ -109,10 +110,7 @@ def unflatten_bucket(flat: torch.Tensor, layout: Iterable[Any]) -> list[tuple[st
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
             raise ValueError(f"weight {name!r}: unknown dtype {dtype!r}")
-        numel = 1
-        for d in shape:
-            numel *= d
-        n = numel * torch.empty(0, dtype=torch_dtype).element_size()
+        n = math.prod(shape) * torch_dtype.itemsize
         out.append((name, flat[offset:offset + n].view(torch_dtype).reshape(shape)))
     return out
 
