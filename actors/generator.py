@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 import ray
@@ -96,10 +95,7 @@ class GeneratorActor:
 
     async def load_folder(self, path: str, version: int) -> float:
         """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
-        from safetensors.torch import load_file
-
-        named = [item for f in sorted(Path(path).glob("*.safetensors")) for item in load_file(str(f)).items()]
-        return await self._swap(lambda: self.policy.update_weights(named, version))
+        return await self._swap(lambda: self.policy.load_folder(path, version))
 
     async def _swap(self, swap: Callable[[], Awaitable[float]]) -> float:
         await self._ready()

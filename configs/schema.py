@@ -178,6 +178,7 @@ class LearnerConfig:
     importance_cap: float = 2.0  # cap of the truncated importance weight for stale behaviour policies
     kl_mode: KLMode = KLMode.penalty  # how kl_coef enters: in the per-token reward, or as a loss term
     micro_batch_tokens: int = 8192  # token budget of one packed micro-batch (segments concatenated, no padding; a longer segment gets its own)
+    cpu_micro_batch_tokens: int = 1024  # the budget instead on a CPU learner, when lower: CPU attention over a packed row runs unfused, at the square of its length
     ppo_epochs: int = 1  # passes over each batch of trajectories
     ppo_minibatches: int = 1  # optimiser steps per pass: the batch's micro-batches split into this many groups of about equal generated tokens
     whiten_advantages: bool = True  # normalise advantages to zero mean and unit variance over the batch's generated tokens

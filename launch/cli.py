@@ -180,6 +180,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         err_console.print(f"interrupted: a checkpoint was saved in {cfg.logging.out_dir}; run the same command to resume")
         return 130
+    from launch.report import print_training_summary
+
+    print_training_summary(out, console)
     console.print(f"done: metrics, plots and checkpoints in {out}")
     return 0
 

@@ -55,6 +55,7 @@ class RecipeState:
     done: list[str] = field(default_factory=list)
     step: int = 0  # global step (across stages) of the last finished stage
     version: int = 0  # policy version the generators serve
+    stage_s: dict[str, float] = field(default_factory=dict)  # wall seconds of each finished stage, in the run that finished it
 
     @classmethod
     def load(cls, out: Path, policy: str, resume: bool) -> "RecipeState":
@@ -123,6 +124,7 @@ def train(cfg: Any) -> Path:
 async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: RecipeState,
                     base_model: str, out: Path) -> None:
     kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
+    started = time.monotonic()
     step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
     sink = MetricsSink.from_config(cfg.logging, resume_step=state.step + step)
     max_turns = cfg.stage.single_turn_max_turns if stage == "single_turn_ppo" else cfg.rollout.max_turns
@@ -143,7 +145,8 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                     if background is None:
                         await feeder.run_count(cfg.stage.batch_episodes)
                     metrics, episodes = await learner_step(kind, cfg, system, feeder, background)
-                    if kind in UPDATES_POLICY and (step + 1) % cfg.stage.sync_every == 0:
+                    # After a stage's last step the next stage serves its export instead (setup_learner).
+                    if kind in UPDATES_POLICY and (step + 1) % cfg.stage.sync_every == 0 and step + 1 < steps:
                         metrics["sync/swap_s"] = await system.sync_weights(system.version + 1)
                     if (step + 1) % cfg.stage.checkpoint_every == 0 or step + 1 == steps:
                         await system.learn("save", step + 1, {"version": system.version})
@@ -173,6 +176,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     state.critic = exported.get("critic", state.critic)
     state.done.append(stage)
     state.step += steps
+    state.stage_s[stage] = time.monotonic() - started
     state.save(out)
 
 
@@ -186,13 +190,19 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
                         steps: int) -> int:
     """Build (or, after a death, rebuild) the stage's trainer from its latest checkpoint; the
     generators then serve the weights it holds. Returns the step it resumes at."""
-    resumed = await system.learn("setup", kind, str(stage_dir), state.policy, state.critic, steps)
+    load = None
+    if state.policy != base_model:  # the generators started on the base model: they load the last stage's
+        version = max(state.version, system.version) + 1  # while the learner builds its engines
+        load = asyncio.ensure_future(system.load_policy(state.policy, version))
+    try:
+        resumed = await system.learn("setup", kind, str(stage_dir), state.policy, state.critic, steps)
+    finally:
+        if load is not None:  # finished (or failed) before anything else touches the generators
+            await load
     step = int(resumed.get("step", 0))
     system.version = max(state.version, system.version, int(resumed.get("version", 0)))
-    if step and kind in UPDATES_POLICY:  # resumed mid-stage: the checkpoint's policy
+    if step and kind in UPDATES_POLICY:  # resumed mid-stage: the checkpoint's policy replaces the export
         await system.sync_weights(system.version + 1)
-    elif state.policy != base_model:  # the generators started on the base model: serve the last stage's
-        await system.load_policy(state.policy, system.version + 1)
     return step
 
 

@@ -148,7 +148,8 @@ def flatten(trajectories: list[Trajectory], weights: list[float] | None = None) 
 
 
 def pack(sequences: list[SequenceRef], token_budget: int) -> list[MicroBatch]:
-    """First-fit-decreasing packing into rows of at most ``token_budget`` tokens.
+    """First-fit-decreasing packing into rows of at most ``token_budget`` tokens (``row_tokens``
+    in models.py chooses it per device).
 
     A segment longer than the budget gets a row of its own: it cannot be cut, since every
     token must attend to all before it (splitting one sequence across devices is sequence

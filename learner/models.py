@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from learner.batching import MicroBatch
+from learner.batching import BatchError, MicroBatch
 from learner.losses import entropy_from_logits
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -37,6 +38,21 @@ def resolve_attention(name: str, on_gpu: bool) -> str:
     if on_gpu and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
+
+
+def row_tokens(cfg: Any) -> int:
+    """The token budget of a packed micro-batch row. On a GPU rows fill to ``micro_batch_tokens``:
+    on an H100 with sdpa, 16 segments packed into 16k-token rows trained 2.0x (2k-token segments)
+    to 5.0x (512) faster than in rows of at most 1k. On the CPU, sdpa under the packed rows'
+    block-diagonal mask runs unfused, at the square of the row's length: rows stop at
+    ``cpu_micro_batch_tokens`` (a PPO step on two 1.6k-token segments took 1.7x as long in one row)."""
+    from learner.engine import on_gpu
+
+    if on_gpu():
+        return cfg.micro_batch_tokens
+    if cfg.cpu_micro_batch_tokens <= 0:
+        raise BatchError(f"learner.cpu_micro_batch_tokens must be positive, got {cfg.cpu_micro_batch_tokens}")
+    return min(cfg.micro_batch_tokens, cfg.cpu_micro_batch_tokens)
 
 
 def load_policy(path: str | Path, dtype: torch.dtype, attention: str, grad_checkpointing: bool) -> nn.Module:

@@ -28,7 +28,7 @@ from learner import engine as engines
 from learner.batching import FlatBatch, MicroBatch, flatten, pack, split_minibatches
 from learner.gae import batch_advantages, explained_variance, whiten
 from learner.losses import kl_k3, kl_penalty, policy_loss, token_mean, value_loss
-from learner.models import (Critic, critic_values, load_policy, load_reference, resolve_attention, resolve_dtype,
+from learner.models import (Critic, critic_values, load_policy, load_reference, resolve_attention, resolve_dtype, row_tokens,
                             score_batch, score_tokens)
 from rollout.trajectory import Trajectory
 
@@ -125,7 +125,7 @@ class PPOTrainer:
         1.0). Returns metrics (token means unless named otherwise; losses as weighted)."""
         cfg = self.cfg
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, cfg.micro_batch_tokens)
+        micro = pack(batch.sequences, row_tokens(cfg))
         data = self._prepare(batch, micro)
         train_policy = self.steps >= cfg.critic_warmup_steps
         stale_fraction = float((batch.versions < self.version).float().mean())

@@ -17,7 +17,7 @@ from configs.schema import LearnerConfig, RFTConfig
 from learner import engine as engines
 from learner.batching import flatten, pack, split_minibatches
 from learner.losses import token_mean
-from learner.models import load_policy, resolve_attention, resolve_dtype, score_tokens
+from learner.models import load_policy, resolve_attention, resolve_dtype, row_tokens, score_tokens
 from rollout.trajectory import Trajectory
 
 
@@ -100,7 +100,7 @@ class RFTTrainer:
         ``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0); ``nll`` is
         reported unweighted, as a measure of fit, while its gradient is weighted."""
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, self.cfg.micro_batch_tokens)
+        micro = pack(batch.sequences, row_tokens(self.cfg))
         dev = engines.device()
         token_weights = batch.weights.to(dev)
         total_nll = 0.0

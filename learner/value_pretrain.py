@@ -17,7 +17,7 @@ from configs.schema import LearnerConfig
 from learner import engine as engines
 from learner.batching import flatten, pack, split_minibatches
 from learner.gae import batch_advantages, explained_variance
-from learner.models import Critic, resolve_attention, resolve_dtype, score_batch
+from learner.models import Critic, resolve_attention, resolve_dtype, row_tokens, score_batch
 from learner.ppo import Sums, update_critic
 from rollout.trajectory import Trajectory
 
@@ -51,7 +51,7 @@ class ValuePretrainer:
         """``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0), applied as in PPO."""
         cfg = self.cfg
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, cfg.micro_batch_tokens)
+        micro = pack(batch.sequences, row_tokens(cfg))
         dev = engines.device()
         old_values = score_batch(self.critic, micro, batch.num_generated, critic=True, device=dev)
         _, returns = batch_advantages(batch, old_values, cfg.gamma, cfg.gae_lambda, cfg.per_turn_rewards)
@@ -70,6 +70,8 @@ class ValuePretrainer:
             value_mean=float(old_values.mean()),
             mean_loss_weight=float(batch.weights.mean()),
             critic_lr=self.critic.get_lr()[0],
+            tokens=float(batch.num_tokens),
             generated_tokens=float(batch.num_generated),
+            micro_batches=float(len(micro)),
         )
         return metrics

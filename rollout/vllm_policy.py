@@ -28,6 +28,7 @@ import contextlib
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from rollout.policy import Generation, GenerationRequest, PolicyError
@@ -192,6 +193,23 @@ class VLLMPolicy:
 
         return await self._swap(stage, version)
 
+    async def load_folder(self, model_dir: str, version: int) -> float:
+        """Load a Hugging Face folder's safetensors (a stage's export) into the running engine.
+
+        The workers read the files themselves and only paths and checked names cross the RPC:
+        update_weights would carry every byte through two serialising hops (~12 s/GB on CPU).
+        """
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise PolicyError(f"load_folder: {model_dir} holds no *.safetensors files (a Hugging Face model folder?)")
+        plan = [(str(f), [name for name, shape in _file_shapes(f).items() if self._keep(name, shape)]) for f in files]
+
+        async def stage() -> None:
+            for path, names in plan:
+                await self._rpc("cuda_agent_stage_file", f"reading {path} for version {version}", path, names)
+
+        return await self._swap(stage, version)
+
     async def join_weight_group(self, host: str, port: int, world_size: int) -> None:
         """Join the learner's NCCL weight-broadcast group (the learner is rank 0 and joins at once)."""
         await self._rpc("cuda_agent_join_group", f"joining the weight group at {host}:{port}", host, port, world_size)
@@ -330,21 +348,24 @@ def _checkpoint_shapes(model_dir: str) -> tuple[dict[str, list[int]] | None, boo
     """Tensor name -> shape from a folder's safetensors headers (None without safetensors), and
     whether the config ties the output head to the embedding."""
     import json
-    from pathlib import Path
-
-    from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     shapes: dict[str, list[int]] | None = {} if files else None
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = list(f.get_slice(name).get_shape())
+        shapes.update(_file_shapes(path))
     try:
         tied = bool(json.loads((Path(model_dir) / "config.json").read_text()).get("tie_word_embeddings", False))
     except (OSError, ValueError):
         tied = False
     return shapes, tied
+
+
+def _file_shapes(path: str | Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from one safetensors file's header (the data is not read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
 
 
 def _dtype(dtype: str, on_cpu: bool) -> str:
@@ -368,10 +389,17 @@ def _engine_env(*, on_cpu: bool, eager: bool, flashinfer_sampler: bool) -> Itera
     On CPU in eager mode only the sampler's logprob op is torch.compile'd, which costs a
     15-20 s C++ compile on a cold cache for no measurable gain. On GPU, the FlashInfer sampler
     JIT-compiles for about two minutes on a fresh machine.
+
+    On CPU with a thread budget already set (Ray sets OMP_NUM_THREADS to an actor's reserved
+    CPUs), the engine takes that many threads, unpinned. vLLM's own "auto" binding ignores it:
+    it pins every engine on a node to the same cores and holds one core back for its scheduler,
+    so a generator granted two CPUs would decode on one, and two generators would share it.
     """
     wanted = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
     if on_cpu and eager:
         wanted["TORCHDYNAMO_DISABLE"] = "1"
+    if on_cpu and os.environ.get("OMP_NUM_THREADS"):
+        wanted["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if not on_cpu and not flashinfer_sampler:
         wanted["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     saved = {k: os.environ.get(k) for k in wanted}

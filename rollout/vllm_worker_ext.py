@@ -148,6 +148,17 @@ class WeightUpdateExtension:
         self._cuda_agent_stage(tensors)
         return {"ok": True, "staged": len(self._cuda_agent_staged)}
 
+    def cuda_agent_stage_file(self, path: str, names: list[str]) -> dict:
+        """Stage ``names`` (checked by the policy) from a safetensors file this worker reads itself."""
+        try:
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                self._cuda_agent_stage([(name, f.get_tensor(name)) for name in names])
+        except Exception as e:
+            return _failure(f"reading weights from {path}", e)
+        return {"ok": True, "staged": len(self._cuda_agent_staged)}
+
     def cuda_agent_join_group(self, host: str, port: int, world_size: int) -> dict:
         """Join the learner's weight-broadcast group as rank 1 + this worker's rank."""
         try:

@@ -40,6 +40,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=4, help="model turns per trajectory (tool output between them)")
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of tokens the model generated")
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
+    p.add_argument("--cpu-micro-batch-tokens", type=int, default=1024,
+                   help="learner.cpu_micro_batch_tokens: the row budget on a CPU learner")
     p.add_argument("--zero-stage", type=int, default=2)
     p.add_argument("--no-grad-checkpointing", action="store_true")
     p.add_argument("--attn", default="auto", help="transformers attention implementation")
@@ -111,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = model_dir(args.model, Path(tmp))
         cfg = LearnerConfig(zero_stage=args.zero_stage, lr=1e-6, critic_lr=1e-6, warmup_steps=0,
-                            micro_batch_tokens=args.micro_batch_tokens,
+                            micro_batch_tokens=args.micro_batch_tokens, cpu_micro_batch_tokens=args.cpu_micro_batch_tokens,
                             grad_checkpointing=not args.no_grad_checkpointing, attn_implementation=args.attn)
         total = args.warmup + args.steps
         started = time.perf_counter()
@@ -148,6 +150,7 @@ def main() -> None:
             "dtype": str(next(trainer.policy.module.parameters()).dtype), "zero_stage": args.zero_stage,
             "grad_checkpointing": cfg.grad_checkpointing, "attn": cfg.attn_implementation,
             "seqs": args.seqs, "seq_len": args.seq_len, "micro_batch_tokens": args.micro_batch_tokens,
+            "cpu_micro_batch_tokens": args.cpu_micro_batch_tokens,
             "micro_batches": metrics.get("micro_batches"), "steps": args.steps,
             "step_s": round(elapsed / args.steps, 3), "tokens_per_s": round(tokens / elapsed, 1),
             "generated_tokens_per_s": round(args.steps * metrics.get("generated_tokens", 0) / elapsed, 1),

@@ -4,6 +4,7 @@
 #   . .gpu-stack/bin/activate && bash scripts/gpu_figures.sh 1   # weight-sync tests, swap s/GB
 #   . .gpu-stack/bin/activate && bash scripts/gpu_figures.sh 2   # agent-loop overhead, colocated run (CUDA IPC)
 #   . .gpu-stack/bin/activate && bash scripts/gpu_figures.sh 3   # two-GPU run (NCCL), async against sync
+#   . .gpu-stack/bin/activate && bash scripts/gpu_figures.sh 4   # one GPU: folder swap test, packed-row budget (sdpa)
 # Results go to $OUT (or ./gpu-figures); each part ends with a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ TRAIN=(model.path=$MODEL stage.name=agentic_ppo stage.steps=5 stage.batch_episod
        rollout.max_turns=4 rollout.max_new_tokens=1024 rollout.min_new_tokens=64 rollout.max_context_tokens=16384
        logging.progress=false)
 
-case "${1:?part 1, 2 or 3}" in
+case "${1:?part 1, 2, 3 or 4}" in
 1)
   python3 -m pytest --run-gpu --run-slow -m gpu -p no:cacheprovider -q tests/test_gpu_weight_sync.py \
     tests/test_episode.py 2>&1 | tail -5
@@ -43,5 +44,17 @@ EOF
   timeout 590 python3 scripts/bench_train.py gpu-2xh200 "${TRAIN[@]}" --out "$OUT/train_2gpu.json" \
     > "$OUT/train_2gpu.log" 2>&1
   echo "rc=$?"; tail -12 "$OUT/train_2gpu.log"
+  ;;
+4)
+  python3 -m pytest --run-gpu -m gpu -p no:cacheprovider -q tests/test_gpu_weight_sync.py 2>&1 | tail -3
+  # PPO steps on 16 segments packed into 16k-token rows (sdpa under a block-diagonal mask)
+  # against rows of at most 1k tokens: why learner.cpu_micro_batch_tokens caps CPU rows only.
+  for len in 2048 512; do
+    for rows in 16384 1024; do
+      python3 scripts/bench_learner.py --model random-0.5b --seqs 16 --seq-len $len --micro-batch-tokens $rows \
+        --steps 2 --out "$OUT/rows_${len}_${rows}.json" > "$OUT/rows_${len}_${rows}.log" 2>&1
+      echo "seq_len $len micro_batch_tokens $rows: $(tail -1 "$OUT/rows_${len}_${rows}.json" 2>/dev/null || tail -3 "$OUT/rows_${len}_${rows}.log")"
+    done
+  done
   ;;
 esac

@@ -1,6 +1,6 @@
 """Weight sync on GPUs: the same new weights, swapped into a running vLLM engine through CUDA
 IPC (learner tensors on the engine's GPU) and through a NCCL broadcast (learner tensors on a
-second GPU), give exactly what the object-store path gives; and both differ from the old
+second GPU), and from a saved folder read by the workers, give exactly what the object-store path gives; and both differ from the old
 weights. The learner side here is this test process holding a model, as a learner rank would."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _perturbed(model_dir, device: str, seed: int):
     return model
 
 
-def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny_model_dir):
+def test_weights_swap_through_cuda_ipc_nccl_and_a_folder_as_through_the_object_store(tiny_model_dir, tmp_path):
     import torch
 
     from actors.weight_sync import WeightSender
@@ -53,6 +53,9 @@ def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny
             out["ipc"] = await policy.generate(request)
             await policy.update_weights([(n, p.detach().cpu()) for n, p in model.named_parameters()], 2)
             out["object_store"] = await policy.generate(request)
+            model.save_pretrained(tmp_path / "export")  # a stage's export: the workers read the files themselves
+            await policy.load_folder(str(tmp_path / "export"), 3)
+            out["folder"] = await policy.generate(request)
             if two_gpus:  # the learner's tensors on the second GPU, the engine on the first
                 model = _perturbed(tiny_model_dir, "cuda:1", seed=2)
                 sender = WeightSender(rank=0, device="cuda:1")
@@ -61,10 +64,10 @@ def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny
                                      policy.join_weight_group(host, port, 2))
                 layouts = sender.layouts(model, bucket)
                 sent, out["nccl_s"] = await asyncio.gather(asyncio.to_thread(sender.broadcast, 0, model, bucket),
-                                                           policy.update_weights_nccl(layouts, 3))
+                                                           policy.update_weights_nccl(layouts, 4))
                 out["nccl_bytes"] = sent
                 out["nccl"] = await policy.generate(request)
-                await policy.update_weights([(n, p.detach().cpu()) for n, p in model.named_parameters()], 4)
+                await policy.update_weights([(n, p.detach().cpu()) for n, p in model.named_parameters()], 5)
                 out["object_store_2"] = await policy.generate(request)
         finally:
             await policy.close()
@@ -76,10 +79,12 @@ def test_weights_swap_through_cuda_ipc_and_nccl_as_through_the_object_store(tiny
     assert out["ipc"].token_ids == out["object_store"].token_ids
     assert out["ipc"].logprobs == pytest.approx(out["object_store"].logprobs, abs=1e-3)
     assert out["ipc"].version == 1
+    assert out["folder"].token_ids == out["object_store"].token_ids
+    assert out["folder"].logprobs == pytest.approx(out["object_store"].logprobs, abs=1e-3)
     if not two_gpus:
-        pytest.skip("NCCL weight sync needs two GPUs; the CUDA IPC half passed")
+        pytest.skip("NCCL weight sync needs two GPUs; the CUDA IPC and folder halves passed")
     assert out["nccl_bytes"] > 0
     assert out["nccl"].token_ids != out["object_store"].token_ids, "the NCCL swap changed nothing"
     assert out["nccl"].token_ids == out["object_store_2"].token_ids
     assert out["nccl"].logprobs == pytest.approx(out["object_store_2"].logprobs, abs=1e-3)
-    assert out["nccl"].version == 3
+    assert out["nccl"].version == 4

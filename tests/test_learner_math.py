@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
-from configs.schema import LRSchedule, RFTConfig
+from configs.schema import LearnerConfig, LRSchedule, RFTConfig
 from learner.batching import BatchError, SequenceRef, flatten, pack, split_minibatches
 from learner.engine import lr_multiplier
 from learner.gae import batch_advantages, explained_variance, gae, token_rewards, whiten
 from learner.losses import entropy_from_logits, kl_k3, kl_penalty, policy_loss, token_mean, value_loss
+from learner.models import row_tokens
 from learner.rft import filter_trajectories, invalid_call_rate, longest_repeat
 from rollout.trajectory import Segment, Trajectory, Turn
 
@@ -223,6 +224,14 @@ def test_packing_respects_the_token_budget_and_scores_every_generated_token_once
     assert sorted(i for g in groups for m in g for i in m.flat_index.tolist()) == list(range(total))
     with pytest.raises(BatchError, match="ppo_minibatches"):
         split_minibatches(micro, len(micro) + 1)
+
+
+def test_cpu_rows_stop_at_cpu_micro_batch_tokens():
+    assert row_tokens(LearnerConfig(micro_batch_tokens=8192)) == 1024  # this machine trains on its CPU
+    assert row_tokens(LearnerConfig(micro_batch_tokens=512)) == 512
+    assert row_tokens(LearnerConfig(micro_batch_tokens=8192, cpu_micro_batch_tokens=4096)) == 4096
+    with pytest.raises(BatchError, match="learner.cpu_micro_batch_tokens must be positive"):
+        row_tokens(LearnerConfig(cpu_micro_batch_tokens=0))
 
 
 def test_packed_logprobs_equal_unpacked_ones_and_packing_without_restarting_positions_would_not(tiny_model_dir):

@@ -118,3 +118,26 @@ def test_progress_on_a_terminal_draws_a_live_panel_with_every_figure():
     for expected in ("rft: step 3/10", "reward", "1.75", "correct", "50%", "tokens/s", "88", "env queue", "buffer depth",
                      "staleness", "1.00"):
         assert expected in text, f"{expected!r} missing from the live panel:\n{text}"
+
+
+def test_the_training_summary_gives_each_stage_its_episode_weighted_rates_tokens_wall_time_and_the_plots(tmp_path):
+    from rich.console import Console
+
+    from launch.report import print_training_summary
+
+    with MetricsSink(tmp_path, tensorboard=False) as sink:
+        # rft: 2 episodes at reward 1 (correct), then 6 at -1: the stage's mean weighs by episodes
+        sink.log(1, {**episode_metrics([SimpleNamespace(reward=1.0, milestone=1)] * 2), "learner": {"tokens": 100}}, "rft")
+        sink.log(2, {**episode_metrics([SimpleNamespace(reward=-1.0, milestone=0)] * 6), "learner": {"tokens": 50}}, "rft")
+        sink.log(3, episode_metrics([SimpleNamespace(reward=0.5, milestone=3)]), "agentic_ppo")
+    write_plots(tmp_path)
+    (tmp_path / "recipe.json").write_text(json.dumps({"policy": "/p/policy", "critic": None, "stage_s": {"rft": 90.0}}))
+    console = Console(file=io.StringIO(), width=200)
+    print_training_summary(tmp_path, console)
+    text = console.file.getvalue()
+    rft = next(line for line in text.splitlines() if line.strip().startswith("rft ")).split()
+    assert rft == ["rft", "2", "8", "-0.50", "25%", "0%", "0%", "150", "1.5"]
+    agentic = next(line for line in text.splitlines() if line.strip().startswith("agentic_ppo")).split()
+    assert agentic == ["agentic_ppo", "1", "1", "+0.50", "100%", "100%", "100%", "-", "-"]
+    for expected in (f"plot: {tmp_path / PLOTS['reward']}", f"plot: {tmp_path / PLOTS['milestones']}", "policy: /p/policy"):
+        assert expected in text

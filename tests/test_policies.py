@@ -463,6 +463,43 @@ async def test_vllm_weight_swap_refuses_stale_versions_and_wrong_names_or_shapes
 
 
 @on_engine_loop
+async def test_vllm_load_folder_serves_a_saved_model_folder_and_refuses_one_of_another_shape(
+        vllm_policy, tokenizer, hf_model, tiny_model_dir, tmp_path):
+    """A stage's export reaches the engine by path: the workers read the safetensors themselves."""
+    import torch
+    from safetensors.torch import save_file
+
+    ids = _chat_ids(tokenizer)
+    version = vllm_policy.version
+    before = await _greedy(vllm_policy, ids)
+    original = {name: t.detach().clone() for name, t in hf_model.state_dict().items()}
+    generator = torch.Generator().manual_seed(5)
+    other = {name: torch.randn(t.shape, generator=generator) * 0.5 for name, t in original.items()}
+    half = len(other) // 2  # two files, as a sharded export has
+    names = sorted(other)
+    for k, part in enumerate((names[:half], names[half:])):
+        save_file({n: other[n].contiguous() for n in part}, str(tmp_path / f"model-0000{k + 1}.safetensors"))
+    await vllm_policy.load_folder(str(tmp_path), version + 1)
+    loaded = await _greedy(vllm_policy, ids)
+    hf_model.load_state_dict(other)
+    try:
+        assert loaded.logprobs == pytest.approx(_hf_logprobs(hf_model, ids, loaded.token_ids), abs=2e-3)
+    finally:
+        hf_model.load_state_dict(original)
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file({names[0]: torch.zeros(3)}, str(bad / "model.safetensors"))
+    with pytest.raises(PolicyError, match=r"has shape \[3\], the checkpoint's is"):
+        await vllm_policy.load_folder(str(bad), version + 2)
+    with pytest.raises(PolicyError, match="holds no"):
+        await vllm_policy.load_folder(str(tmp_path / "none"), version + 2)
+    await vllm_policy.load_folder(str(tiny_model_dir), version + 2)
+    after = await _greedy(vllm_policy, ids)
+    assert vllm_policy.version == version + 2 and after.token_ids == before.token_ids
+
+
+@on_engine_loop
 async def test_vllm_keep_mode_swap_freezes_inflight_requests_and_recomputes_them_on_the_new_weights(
         vllm_policy, tokenizer, hf_model):
     """In "keep" mode a request in flight goes on after the swap: every token it samples comes

@@ -31,8 +31,8 @@ def cluster():
 
 def test_cpu_demo_plans_one_cpu_bundle_per_actor_and_no_gpu():
     plan = plan_resources(config(files=("cpu-demo",)))
-    assert plan.bundles == [{"CPU": 1.0}] * 3
-    assert plan.totals() == {"CPU": 3.0}
+    assert plan.bundles == [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 1.0}]  # generator, learner, env worker
+    assert plan.totals() == {"CPU": 5.0}
     assert [(s.role, s.bundles, s.num_gpus) for s in plan.slots()] == [
         ("generator", [0], 0.0), ("env_worker", [2], 0.0), ("learner", [1], 0.0)]
 
