@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -92,7 +93,12 @@ class LearnerActor:
 
     def save(self, step: int, extra: dict[str, Any]) -> str:
         state = {"trainer": self.trainer.state(), **extra}
-        return str(save_checkpoint(self.checkpoints, step, self.trainer.engines(), state))
+        return str(save_checkpoint(self.checkpoints, step, self.trainer.engines(), state, self.cfg.stage.keep_checkpoints))
+
+    def drop_checkpoints(self) -> None:
+        """A finished stage's checkpoints go once its export is written: the next stage starts from the export."""
+        if self.rank == 0:
+            shutil.rmtree(self.checkpoints, ignore_errors=True)
 
     def export_weights(self, bucket_mb: int) -> list[Any]:
         """The policy's weights as object-store buckets of (name, CPU tensor) pairs (rank 0's; the others gather)."""

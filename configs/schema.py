@@ -204,6 +204,8 @@ class StageConfig:
     buffer_capacity: int = 64  # trajectories the buffer holds before generators' puts wait (backpressure)
     sync_every: int = 1  # push weights to generators every this many learner steps
     checkpoint_every: int = 10  # save a checkpoint every this many steps
+    keep_checkpoints: int = 2  # newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
+    keep_finished_checkpoints: bool = False  # False: a finished stage's checkpoints are deleted once its export is written
     resume: bool = True  # continue from the latest checkpoint in logging.out_dir
     tasks: list[str] = field(default_factory=list)  # training problem files or folders; empty: the shipped starter set
     asynchronous: bool = True  # generators keep generating while the learner trains; False: generate a batch, then train (for comparison)

@@ -178,6 +178,8 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     state.step += steps
     state.stage_s[stage] = time.monotonic() - started
     state.save(out)
+    if not cfg.stage.keep_finished_checkpoints:
+        await system.learn("drop_checkpoints")
 
 
 async def restart_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save_checkpoint(root: str | Path, step: int, engines: dict[str, Any], state: dict[str, Any]) -> Path:
-    """Write checkpoint ``step`` of every engine plus RNG and trainer state; return its folder."""
+def save_checkpoint(root: str | Path, step: int, engines: dict[str, Any], state: dict[str, Any], keep: int = 0) -> Path:
+    """Write checkpoint ``step`` of every engine plus RNG and trainer state; return its folder.
+    Then only the newest ``keep`` checkpoints stay (0 keeps all)."""
     folder = Path(root) / f"step_{step:06d}"
     for name, engine in engines.items():
         engine.save_checkpoint(str(folder / name), tag=TAG)
@@ -50,8 +52,23 @@ def save_checkpoint(root: str | Path, step: int, engines: dict[str, Any], state:
         tmp = Path(root) / f".{LATEST}.tmp"
         tmp.write_text(folder.name)
         os.replace(tmp, Path(root) / LATEST)
+        prune_checkpoints(root, keep)
     _barrier()
     return folder
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (0 keeps all), never the one ``latest``
+    names: each holds optimiser states, ~4 GB for a 135M policy and critic in fp32."""
+    if keep <= 0:
+        return []
+    marker = Path(root) / LATEST
+    latest = marker.read_text().strip() if marker.exists() else None
+    folders = sorted(Path(root).glob("step_*"))  # zero-padded names: name order is step order
+    old = [f for f in folders[:-keep] if f.name != latest]
+    for folder in old:
+        shutil.rmtree(folder, ignore_errors=True)
+    return old
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -186,6 +186,17 @@ def test_resume_reproduces_the_next_step_exactly(tiny_model_dir, learner_dist, t
         assert torch.equal(p.detach(), expected_weights[name]), f"{name} differs after the resumed step"
 
 
+def test_pruning_keeps_the_newest_checkpoints_and_never_the_one_latest_names(tmp_path):
+    from learner.checkpoint import LATEST, prune_checkpoints
+
+    for step in range(1, 6):
+        (tmp_path / f"step_{step:06d}").mkdir()
+    (tmp_path / LATEST).write_text("step_000003")  # steps 4 and 5 began after it and never completed
+    assert prune_checkpoints(tmp_path, 0) == []
+    assert [p.name for p in prune_checkpoints(tmp_path, 2)] == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003", "step_000004", "step_000005"]
+
+
 # --------------------------------------------------------------------------- RFT, value pretraining
 
 

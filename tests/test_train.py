@@ -105,6 +105,7 @@ def test_the_recipe_runs_every_stage_and_hands_each_its_predecessors_models(tiny
     assert recipe["done"] == ["single_turn_ppo", "rft", "value_pretrain", "agentic_ppo"]
     assert recipe["policy"].endswith("agentic_ppo/export/policy") and recipe["critic"].endswith("agentic_ppo/export/critic")
     assert sorted(recipe["stage_s"]) == sorted(recipe["done"]) and all(s > 0 for s in recipe["stage_s"].values())
+    assert not any((out / stage / "checkpoints").exists() for stage in recipe["done"]), "finished stages keep no checkpoints"
     stages = [r["stage"] for r in read_jsonl(out / "metrics.jsonl")]
     assert stages == recipe["done"]
     train(cfg)  # resumes: every stage is done
