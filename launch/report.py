@@ -1,4 +1,5 @@
-"""Readable renderings of results for people: one evaluation, one episode's transcript."""
+"""Readable renderings of results for people: one evaluation, one episode's transcript, and a
+training run's summary."""
 from __future__ import annotations
 
 import json
@@ -70,28 +71,21 @@ def _clip(text: str, limit: int) -> str:
 
 def print_training_summary(out_dir: str | Path, console: Console) -> None:
     """What a finished ``cuda-agent train`` did, stage by stage, and where its results are."""
-    from launch.metrics import MILESTONE_RATES, PLOTS, REWARD, read_metrics
+    from launch.metrics import PLOTS, read_metrics
 
     out = Path(out_dir)
     recipe_path = out / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
     records = read_metrics(out)
-    # Narrow enough for an 80-column log: the caption spells out the short headers.
-    table = Table(title=f"training summary: {out}", box=box.SIMPLE, show_edge=False, padding=(0, 1), collapse_padding=True, caption=(
-        "reward: mean; correct, >eager, >compile: share of episodes reaching each milestone; "
-        "tokens: trained by the learner; min: the stage's wall time"))
+    # Narrow enough for an 80-column log; the caption spells out the short headers.
+    table = Table(title=f"training summary: {out}", box=box.SIMPLE, show_edge=False, collapse_padding=True,
+                  caption="reward: mean; correct, >eager, >compile: share of episodes reaching each milestone; "
+                          "tokens: trained by the learner; min: the stage's wall time")
     for col in ("stage", "steps", "eps", "reward", "correct", ">eager", ">compile", "tokens", "min"):
         table.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True, min_width=len(col))
-    for stage in dict.fromkeys(r.get("stage") for r in records if r.get("stage")):
+    for stage in dict.fromkeys(r["stage"] for r in records if r.get("stage")):
         rows = [r for r in records if r.get("stage") == stage]
-        episodes = sum(r.get("episodes") or 0 for r in rows)
-        rate = lambda key: (sum((r.get(key) or 0.0) * (r.get("episodes") or 0) for r in rows) / episodes  # noqa: E731
-                            if episodes else None)
-        wall = recipe.get("stage_s", {}).get(stage)
-        table.add_row(stage, str(len(rows)), str(episodes), _number(rate(REWARD), "+.2f"),
-                      *(_number(None if rate(k) is None else 100 * rate(k), ".0f", "%") for k in MILESTONE_RATES.values()),
-                      str(int(sum(r.get("learner/tokens") or 0 for r in rows))) if any("learner/tokens" in r for r in rows)
-                      else "-", _number(None if wall is None else wall / 60, ".1f"))
+        table.add_row(*_summary_row(stage, rows, recipe.get("stage_s", {}).get(stage)))
     console.print(table)
     for name in PLOTS.values():
         if (out / name).exists():
@@ -99,6 +93,22 @@ def print_training_summary(out_dir: str | Path, console: Console) -> None:
     if recipe.get("policy"):
         console.print(f"policy: {recipe['policy']}" + (f"\ncritic: {recipe['critic']}" if recipe.get("critic") else ""))
     console.print(f"metrics: {out / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {out / 'tb'})")
+
+
+def _summary_row(stage: str, rows: list[dict], wall_s: float | None) -> list[str]:
+    """One stage's cells: reward and milestone rates weighted by each step's episodes."""
+    from launch.metrics import MILESTONE_RATES, REWARD
+
+    episodes = sum(r.get("episodes") or 0 for r in rows)
+
+    def mean(key: str) -> float | None:
+        return sum((r.get(key) or 0.0) * (r.get("episodes") or 0) for r in rows) / episodes if episodes else None
+
+    rates = [mean(key) for key in MILESTONE_RATES.values()]
+    tokens = [r["learner/tokens"] for r in rows if r.get("learner/tokens") is not None]
+    return [stage, str(len(rows)), str(episodes), _number(mean(REWARD), "+.2f"),
+            *(_number(None if rate is None else 100 * rate, ".0f", "%") for rate in rates),
+            str(int(sum(tokens))) if tokens else "-", _number(None if wall_s is None else wall_s / 60, ".1f")]
 
 
 def _number(value: float | None, spec: str, unit: str = "") -> str:
