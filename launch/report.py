@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from env_pool.results import EvalResult, Milestone
+from launch.metrics import MILESTONE_RATES, PLOTS, REWARD, read_metrics
 from rollout.trajectory import Trajectory
 
 MILESTONE_STYLE = {
@@ -71,8 +72,6 @@ def _clip(text: str, limit: int) -> str:
 
 def print_training_summary(out_dir: str | Path, console: Console) -> None:
     """What a finished ``cuda-agent train`` did, stage by stage, and where its results are."""
-    from launch.metrics import PLOTS, read_metrics
-
     out = Path(out_dir)
     recipe_path = out / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
@@ -97,8 +96,6 @@ def print_training_summary(out_dir: str | Path, console: Console) -> None:
 
 def _summary_row(stage: str, rows: list[dict], wall_s: float | None) -> list[str]:
     """One stage's cells: reward and milestone rates weighted by each step's episodes."""
-    from launch.metrics import MILESTONE_RATES, REWARD
-
     episodes = sum(r.get("episodes") or 0 for r in rows)
 
     def mean(key: str) -> float | None:

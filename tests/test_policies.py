@@ -310,6 +310,20 @@ def test_packed_weights_round_trip_exactly_in_buckets_of_the_asked_size():
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), name
 
 
+def test_flat_buckets_round_trip_every_dtype_and_shape_at_aligned_offsets():
+    import torch
+
+    from rollout.vllm_worker_ext import bucket_layout, flatten_bucket, unflatten_bucket
+
+    named = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(3)),
+             ("d", torch.tensor(2.5)), ("e", torch.empty(0, 4))]
+    flat, layout = flatten_bucket(named)
+    assert (layout, flat.numel()) == bucket_layout(named)
+    assert all(offset % 16 == 0 for *_, offset in layout)
+    for (name, original), (back_name, back) in zip(named, unflatten_bucket(flat, layout)):
+        assert back_name == name and back.dtype == original.dtype and torch.equal(back, original)
+
+
 # --------------------------------------------------------------------------- VLLMPolicy, tiny model
 
 on_engine_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output handler lives on this loop

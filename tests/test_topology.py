@@ -194,17 +194,3 @@ def test_cpu_learner_ranks_get_a_slot_each():
     assert [s.index for s in plan.learner] == [0, 1]
     with pytest.raises(TopologyError, match="learner_cpu_ranks"):
         plan_resources(config("cluster.learner_cpu_ranks=0"))
-
-
-def test_flat_buckets_round_trip_every_dtype_and_shape_at_aligned_offsets():
-    import torch
-
-    from rollout.vllm_worker_ext import bucket_layout, flatten_bucket, unflatten_bucket
-
-    named = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(3)),
-             ("d", torch.tensor(2.5)), ("e", torch.empty(0, 4))]
-    flat, layout = flatten_bucket(named)
-    assert (layout, flat.numel()) == bucket_layout(named)
-    assert all(offset % 16 == 0 for *_, offset in layout)
-    for (name, original), (back_name, back) in zip(named, unflatten_bucket(flat, layout)):
-        assert back_name == name and back.dtype == original.dtype and torch.equal(back, original)
