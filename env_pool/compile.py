@@ -8,6 +8,14 @@ Compiles are content-addressed: identical sources, flags, target and toolchain g
 key, so an agent that recompiles unchanged code (it often does) pays nothing, and neither does
 a second worker evaluating the same candidate. Failed compiles are cached as their log.
 
+The compiler runs in the sandbox (env_pool/sandbox.py), because a source file can read files:
+``#include "/etc/passwd"`` prints lines of it in the errors, ``asm(".incbin \"...\"")`` copies
+a whole file into the library. It sees a fresh root holding only the work dir (writable) and
+the toolchain (read-only: /usr, the /bin and /lib links, the loader's cache, the CUDA
+toolkit), with a fixed environment, no network, no capabilities, and memory and time limits.
+Where the sandbox cannot give that (COMPILE_ISOLATION), the compile is an infra failure:
+it never falls back to an unsandboxed run.
+
 Nothing here raises for a bad candidate: every outcome is a CompileResult.
 """
 from __future__ import annotations
@@ -16,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,6 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+
 # --no-undefined: a shared library links happily with unresolved symbols, which then only
 # surface as a cryptic dlopen failure inside the candidate's process; failing at link time
 # gives the agent the readable "undefined reference" instead.
@@ -35,6 +46,16 @@ CUDA_FLAGS = (
     "--expt-relaxed-constexpr", "-lineinfo", "-Xlinker", "--no-undefined",
 )
 DEFAULT_CUDA_ARCH = "sm_90a"  # the H100/H200 target, so CPU machines can compile-check for it
+
+# What the compiler's sandbox must give (SandboxLimits.required_isolation): the toolchain-only
+# root (read-only), no network, no capabilities, its own PID namespace. Missing one: infra.
+COMPILE_ISOLATION = ("visible-only", "readonly-root", "netns", "no-caps", "pidns")
+DEFAULT_COMPILE_MEMORY_MB = 4096  # resident memory of the compiler's whole process tree
+# The system toolchain as the compiler sees it: binaries, binutils, headers and libraries under
+# /usr; /bin, /lib, ... (links into /usr on merged systems: recreated as links); the loader's
+# cache; the alternatives links (cc, c++ may lead through them). Kept where they exist.
+_SYSTEM_VIEW = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
+_COMPILERS = ("g++", "nvcc")
 
 
 @dataclass(frozen=True)
@@ -82,15 +103,16 @@ def compile_kernel(
     timeout_s: float = 300,
     arch: str | None = None,
     extra_flags: Iterable[str] = (),
+    memory_mb: int = DEFAULT_COMPILE_MEMORY_MB,
 ) -> CompileResult:
     """Compile a candidate's kernel into a cached shared library; see the module docstring."""
     start = time.perf_counter()
-    result = _compile(files, backend, Path(cache_dir), timeout_s, arch, tuple(extra_flags))
+    result = _compile(files, backend, Path(cache_dir), timeout_s, arch, tuple(extra_flags), memory_mb)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags) -> CompileResult:
+def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags, memory_mb) -> CompileResult:
     spec = BACKENDS.get(backend)
     if spec is None:  # the task's configuration is wrong, not the candidate
         raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(BACKENDS)}")
@@ -104,7 +126,7 @@ def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags) -> C
     if cached is not None:
         return cached
     try:
-        return _build(files, spec, flags, cache_dir, key, timeout_s)
+        return _build(files, spec, flags, cache_dir, key, timeout_s, memory_mb)
     except OSError as e:  # temp dir or cache unwritable: the machine's fault, not the candidate's
         return _failure(f"compile environment error: {e}", key=key, infra=True)
 
@@ -185,7 +207,8 @@ def toolchain_fingerprint(compiler: str, native: bool = False) -> str:
 
 def _run_quiet(cmd: list[str]) -> str:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_compiler_env()).stdout
+        # Trusted (no candidate input): a plain subprocess, with the compiler's fixed environment.
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=compiler_env()).stdout
     except (OSError, subprocess.SubprocessError):
         return f"unavailable: {cmd[0]}"
 
@@ -226,21 +249,28 @@ def _store(data: bytes, target: Path) -> None:
 
 # ----------------------------------------------------------------------------- building
 
-def _build(files, spec: BackendSpec, flags, cache_dir: Path, key: str, timeout_s: float) -> CompileResult:
+def _build(files, spec: BackendSpec, flags, cache_dir: Path, key: str, timeout_s: float, memory_mb: int) -> CompileResult:
     with tempfile.TemporaryDirectory(prefix="cuda-agent-compile-") as tmp:
         work = Path(tmp)
         for name, text in files.items():
             (work / name).write_bytes(_encode(text))
+        (work / "tmp").mkdir()  # the compiler's TMPDIR (nvcc's intermediate files)
+        if shutil.which(spec.compiler, path=compiler_env()["PATH"]) is None:
+            return _failure(f"{spec.compiler} not found on PATH", key=key, infra=True)
         # Relative names in a private cwd keep the temp dir out of most messages.
         cmd = [spec.compiler, *flags, spec.source, "-o", "kernel.so"]
         try:
-            rc, output = _run_compiler(cmd, work, timeout_s)
-        except FileNotFoundError:
-            return _failure(f"{spec.compiler} not found on PATH", key=key, infra=True)
-        if rc is None:
+            outcome = _run_compiler(cmd, work, timeout_s, memory_mb)
+        except SandboxError as e:  # the machine cannot isolate the compiler: never run it bare
+            return _failure(f"compile sandbox unavailable: {e}", key=key, infra=True)
+        if outcome.timed_out or outcome.cpu_limited:
             # Not cached: a timeout can be the machine's load rather than the source.
             return _failure(f"compile timed out after {timeout_s:g} s", key=key)
-        return _record(rc, output.replace(f"{work}/", ""), work / "kernel.so", cache_dir, key)
+        output = outcome.output.replace(f"{work}/", "")
+        if outcome.out_of_memory:  # not cached either: it may pass on a quieter machine
+            log = summarize_compiler_errors(output)
+            return _failure(f"{log}\ncompiler ran out of memory (limit {memory_mb} MB)".lstrip(), key=key)
+        return _record(_exit_status(outcome), output, work / "kernel.so", cache_dir, key)
 
 
 def _record(rc: int, output: str, built: Path, cache_dir: Path, key: str) -> CompileResult:
@@ -259,36 +289,79 @@ def _killed(rc: int, output: str) -> bool:
     return rc < 0 or "signal terminated program" in output or "Killed signal" in output
 
 
-def _run_compiler(cmd: list[str], cwd: Path, timeout_s: float) -> tuple[int | None, str]:
-    """(exit status, output); status None when it ran out of time and was killed."""
-    log_path = cwd / ".compiler-output"
-    with open(log_path, "wb") as log:
-        # A session of its own, so a timeout kills nvcc's whole tree (cicc, ptxas, g++), not
-        # just the driver; a file, not a pipe, so huge output cannot block the compiler.
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=_compiler_env(),
-        )
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc = None
-    with open(log_path, "rb") as log:
-        return rc, log.read(MAX_OUTPUT_BYTES).decode(errors="replace")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
+def _exit_status(outcome: SandboxOutcome) -> int:
+    """The exit code, or -N for a death by signal N (as subprocess reports it)."""
+    if outcome.returncode is not None:
+        return outcome.returncode
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        return -signal.Signals[outcome.signal_name or ""].value
+    except KeyError:
+        return -1
 
 
-def _compiler_env() -> dict[str, str]:
-    # C locale: ASCII quotes and English messages, which the summariser and the agent both read.
-    return {**os.environ, "LC_ALL": "C", "LANG": "C"}
+def _run_compiler(cmd: list[str], cwd: Path, timeout_s: float, memory_mb: int) -> SandboxOutcome:
+    """Run the compiler in the sandbox; raises SandboxError when COMPILE_ISOLATION is not to be had.
+
+    The sandbox kills the whole tree at the limits (nvcc's cicc, ptxas and g++ too, not just
+    the driver) and keeps the first and last half MiB of the output (template errors can run
+    to megabytes; the summariser reads the first errors).
+    """
+    limits = SandboxLimits(
+        wall_s=timeout_s,
+        memory_mb=memory_mb,
+        max_output_chars=MAX_OUTPUT_BYTES,
+        visible_paths=toolchain_view(),
+        required_isolation=COMPILE_ISOLATION,
+    )
+    return run_sandboxed(cmd, b"", cwd, limits, env=compiler_env(cwd), inherit_env=False)
+
+
+def compiler_env(work: Path | None = None) -> dict[str, str]:
+    """The compiler's whole environment: fixed, nothing of the worker's (which may hold API keys).
+
+    C locale: ASCII quotes and English messages, which the summariser and the agent both read.
+    HOME and TMPDIR inside the work dir: the only writable place the compiler has.
+    """
+    env = {"PATH": os.pathsep.join(toolchain_path()), "LANG": "C", "LC_ALL": "C"}
+    if work is not None:
+        env.update(HOME=str(work), TMPDIR=str(work / "tmp"))
+    if os.environ.get("CUDA_HOME"):
+        env["CUDA_HOME"] = os.environ["CUDA_HOME"]
+    return env
+
+
+@lru_cache(maxsize=None)
+def toolchain_view() -> tuple[str, ...]:
+    """What the sandboxed compiler sees besides its work dir: the system and CUDA toolchains.
+
+    Each compiler found on the worker's PATH brings its installation prefix (the parent of its
+    real bin dir: /usr for g++, /usr/local/cuda-X.Y for nvcc); a prefix of "/" would bring
+    everything, so then only the bin dir comes. The sandbox resolves symlinks and recreates
+    the links on the way (/lib64 -> usr/lib64, /usr/local/cuda -> cuda-X.Y).
+    """
+    paths = [p for p in _SYSTEM_VIEW if os.path.lexists(p)]
+    for found in filter(None, map(shutil.which, _COMPILERS)):
+        real_bin = os.path.dirname(os.path.realpath(found))
+        prefix = os.path.dirname(real_bin)
+        paths += [os.path.dirname(found), prefix if prefix != "/" else real_bin]
+    paths += _cuda_homes()
+    return tuple(dict.fromkeys(p for p in paths if os.path.exists(p)))
+
+
+@lru_cache(maxsize=None)
+def toolchain_path() -> tuple[str, ...]:
+    """The compiler's PATH: where the compilers were found, the CUDA bin dirs, the system's."""
+    dirs = [os.path.dirname(found) for found in filter(None, map(shutil.which, _COMPILERS))]
+    dirs += [os.path.join(home, "bin") for home in _cuda_homes()]
+    dirs += ["/usr/local/bin", "/usr/bin", "/bin"]
+    return tuple(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
+
+
+def _cuda_homes() -> list[str]:
+    # nvcc may be a wrapper script (/usr/local/bin/nvcc here) whose real toolkit its path
+    # does not show: the usual names of the toolkit come too.
+    homes = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    return [h for h in homes if h and os.path.isdir(h)]
 
 
 def _encode(text: str) -> bytes:

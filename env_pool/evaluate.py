@@ -1,23 +1,25 @@
-"""One evaluation of one candidate: compile, reference, candidate run, verification, timing, reward.
+"""One evaluation of one candidate: compile, then the rounds, judged by the trusted harness.
 
-The steps, and why they are split the way they are:
-1. compile: the fast path (kernel.cpp / kernel.cu, no torch headers) in a compiler
-   subprocess, or, for a KernelBench-style solution, an import under the compile time limit
-   that runs its load_inline build.
-2. reference (trusted process): builds the verification inputs from fresh secret seeds and
-   writes the expected outputs to a private folder that the candidate's process cannot see.
-   It also times the eager and torch.compile baselines, once per task per worker.
-3. candidate (sandboxed process, holding the device's timing lane): runs ModelNew under the
-   guards on the same inputs, writes its outputs, and is timed beside the eager reference.
-4. verification here, in the caller's process, where no candidate code has run.
+The steps, and who decides what:
+1. compile: the fast path (kernel.cpp / kernel.cu, no torch headers) in a sandboxed compiler,
+   or, for a KernelBench-style solution, an import in a sandboxed child under the compile time
+   limit that runs its load_inline build.
+2. the harness (env_pool/harness.py, a trusted process: no candidate code runs in it) holds
+   the device's timing lane for the whole run. It times the eager and torch.compile baselines
+   in a trusted server (once per task per worker), then serves the candidate's server
+   (env_pool/serve.py, sandboxed) round after round: fresh inputs every round, its own clock,
+   every output verified against the reference it runs itself.
+3. here, the harness's verdict becomes an EvalResult and the milestone reward. Nothing in it
+   comes from the candidate's process except as data the harness checked (outputs) or as
+   text that can only fail the candidate (error messages, guard violations).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import secrets
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -26,24 +28,20 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import msgpack
-import torch
 
 from env_pool.compile import BACKENDS, compile_kernel
-from env_pool.results import EvalResult, Timing, Violation
+from env_pool.results import EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
-from env_pool.seccomp import KILL_SIGNAL
-from env_pool.verify import check_outputs, varies_with_inputs
+from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from tasks.task import Task
 
 SOLUTION_FILE = "model_new.py"
 # -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
 # torch.py cannot replace what the runner imports before its guards are armed.
 RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
+HARNESS = [sys.executable, "-m", "env_pool.harness"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
-CANDIDATE_ISOLATION = ("pidns", "mountns", "no-caps", "netns")
-# How allocators report failure when they raise instead of dying: torch on CPU and GPU, C++.
-OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
+HARNESS_START_S = 120.0  # the harness's own start (torch, CUDA, the reference) on top of its servers' limits
 
 
 @dataclass
@@ -120,15 +118,15 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
         (scratch / name).write_text(text)
     if not await _compile_step(ctx, files, backend, scratch, result) or mode == "compile":
         return
-    seeds = _fresh_seeds(ctx.cfg.correctness_inputs)
-    if not await _reference_step(ctx, task, backend, seeds, private, result, baseline=mode == "full"):
-        return
-    async with ctx.timing_lane():
-        outcome = await _child(ctx, "candidate", task, backend, seeds, scratch, [ctx.reference_dir], ctx.cfg.run_timeout_s,
-                               profile=mode == "full")
-        if outcome.timed_out and ctx.after_timeout is not None:
+    key = (task.id, backend)
+    baseline = mode == "full" and key not in ctx.baselines
+    async with ctx.timing_lane():  # the baselines and the candidate's rounds are all timed runs
+        verdict = await _harness(ctx, task, backend, mode, baseline, scratch, private)
+        if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
-    _judge(ctx, task, outcome, scratch, private, result, profiled=mode == "full")
+    if baseline and verdict.get("eager") and verdict.get("compiled"):
+        ctx.baselines[key] = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
+    _judge(ctx, key, verdict, result, timed=mode == "full")
 
 
 async def _compile_step(ctx, files, backend, scratch, result) -> bool:
@@ -141,10 +139,10 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         shutil.copyfile(built.library, scratch / "kernel.so")
         return True
     if "cpp_extension" not in files[SOLUTION_FILE]:
-        return True  # plain Python: the candidate's own run imports it
+        return True  # plain Python: the candidate's own server imports it
     # KernelBench path: importing model_new.py runs its load_inline build, under the compile limit.
     begin = time.perf_counter()
-    outcome = await _child(ctx, "import", None, backend, None, scratch, [], ctx.cfg.compile_timeout_s)
+    outcome = await _import_child(ctx, backend, scratch)
     result.compile_s = time.perf_counter() - begin
     payload = _decode(outcome)
     if outcome.failure or not payload.get("ok"):
@@ -154,115 +152,88 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     return True
 
 
-async def _reference_step(ctx, task, backend, seeds, private, result, baseline: bool) -> bool:
-    key = (task.id, backend)
-    want_baseline = baseline and key not in ctx.baselines
-    if want_baseline:
-        async with ctx.timing_lane():  # the baselines are timed runs too; torch.compile may take minutes cold
-            outcome = await _child(ctx, "reference", task, backend, seeds, ctx.reference_dir, [],
-                                   ctx.cfg.run_timeout_s + ctx.cfg.compile_timeout_s, private=private, baseline=True)
-    else:
-        outcome = await _child(ctx, "reference", task, backend, seeds, ctx.reference_dir, [], ctx.cfg.run_timeout_s, private=private)
-    payload = _decode(outcome)
-    if outcome.failure or not payload.get("ok"):
-        detail = payload.get("error") or outcome.failure or "no result"
-        return _set_failure(result, "infra", f"the reference failed to run: {detail}\n{outcome.output[-2000:]}")
-    if want_baseline:
-        ctx.baselines[key] = Baseline(Timing(**payload["eager"]), Timing(**payload["compiled"]))
-    return True
+def split_cpus(threads: int) -> tuple[list[int], list[int]]:
+    """(the servers' CPUs, the harness's): the first ``threads`` of this process's set, and the rest.
+
+    The candidate and the baselines run on the same CPUs with the same thread count, so more
+    threads than the reference is never a speedup; the harness spins on CPUs of its own where
+    there are any, so its clock does not steal the servers' time.
+    """
+    mine = sorted(os.sched_getaffinity(0))
+    servers = mine[:max(1, threads)]
+    return servers, (mine[len(servers):] or mine)
 
 
-def _fresh_seeds(n: int) -> dict[str, Any]:
-    draw = lambda: secrets.randbits(62)  # noqa: E731 - fresh per evaluation, never written to disk
-    return {"init_seed": draw(), "verify_seeds": [draw() for _ in range(n)], "profile_seeds": [draw() for _ in range(3)]}
-
-
-async def _child(ctx, role, task, backend, seeds, cwd, hidden, timeout_s, private=None, baseline=False, profile=False) -> SandboxOutcome:
+async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict:
+    """Run the trusted harness (a plain child: trusted code, which must build sandboxes of its own)."""
     cfg = ctx.cfg
-    payload: dict[str, Any] = {"role": role, "backend": backend, "threads": cfg.threads, "adversarial": bool(cfg.adversarial_inputs)}
-    if task is not None:
-        payload["task"] = task.to_dict()
-    if seeds is not None:
-        payload.update(seeds)
-    if private is not None:
-        payload["expected_path"] = str(private / "expected.pt")
-    if baseline:
-        payload["baseline"] = {"warmup": cfg.warmup, "repetitions": cfg.repetitions, "compile_mode": cfg.compile_mode}
-    if profile:
-        payload["profile"] = {"warmup": cfg.warmup, "repetitions": cfg.repetitions}
-    if role == "candidate":
-        payload["seccomp"] = bool(cfg.seccomp)
-    limits = SandboxLimits(wall_s=timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
-                           allow_network=role == "reference", hidden_paths=list(hidden),
-                           # Without these a root candidate could kill the worker or unhide the verifier's data.
-                           required_isolation=() if role == "reference" else CANDIDATE_ISOLATION)
-    env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
-           # The reference's compiled baselines are cached in the hidden folder; a candidate that
-           # touches torch._dynamo (the guards' dispatch mode imports it) gets its own, in scratch.
-           "TORCHINDUCTOR_CACHE_DIR": str(ctx.reference_dir / "inductor" if role == "reference" else cwd / ".inductor"),
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), cwd, limits, env)
+    servers, own = split_cpus(int(cfg.threads))
+    required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if backend == "cpp" else [])
+    payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
+               "threads": int(cfg.threads), "cpus": servers, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
+               "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
+               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "memory_mb": int(cfg.memory_limit_mb),
+               "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
+               "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
+               "hidden": [str(ctx.reference_dir)], "required_isolation": required,
+               "result_path": str(private / "verdict.msgpack")}
+    limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
+    env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = await asyncio.create_subprocess_exec(*HARNESS, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, cwd=str(private), env=env,
+                                                start_new_session=True)
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(proc.pid, own)
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(msgpack.packb(payload)), timeout=limit)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return {"failure": "infra", "message": f"the harness did not finish in {limit:g} s"}
+    verdict_file = private / "verdict.msgpack"
+    if not verdict_file.exists():
+        tail = output.decode(errors="replace")[-2000:]
+        return {"failure": "infra", "message": f"the harness exited ({proc.returncode}) without a verdict:\n{tail}"}
+    return msgpack.unpackb(verdict_file.read_bytes())
+
+
+async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
+    """The load_inline build: the candidate's model_new.py imported once, sandboxed, under the compile limit."""
+    cfg = ctx.cfg
+    payload = {"role": "import", "backend": backend, "threads": cfg.threads}
+    limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
+                           hidden_paths=[ctx.reference_dir], required_isolation=UNTRUSTED_ISOLATION)
+    env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / ".torch_extensions"),
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
 
 
 def _decode(outcome: SandboxOutcome) -> dict:
     try:
-        return msgpack.unpackb(outcome.result) if outcome.result else {}
+        decoded = msgpack.unpackb(outcome.result) if outcome.result else {}
     except Exception:  # a candidate that scribbled on the channel gets no benefit of the doubt
         return {}
+    return decoded if isinstance(decoded, dict) else {}
 
 
-def _judge(ctx, task, outcome: SandboxOutcome, scratch: Path, private: Path, result: EvalResult, profiled: bool) -> None:
-    payload = _decode(outcome)
-    result.run_log = outcome.output[-4000:]
-    result.violations = [Violation(**v) for v in payload.get("violations", [])]
-    if outcome.signal_name == KILL_SIGNAL and ctx.cfg.seccomp:
-        result.violations.append(Violation("subprocess", "tried to start a process or run a program from native code "
-                                           "(fork, exec or system()): the seccomp filter killed it with SIGSYS"))
-        return _set_failure(result, "guard", "rejected: [subprocess] " + result.violations[-1].reason)
-    if payload.get("stage") == "seccomp":
-        return _set_failure(result, "infra", payload.get("error") or "the seccomp filter could not be installed")
-    if outcome.failure:
-        what = {"timeout": f"exceeded the {ctx.cfg.run_timeout_s:g} s time limit", "out_of_memory": "exceeded the memory limit",
-                "crash": f"crashed ({outcome.signal_name or 'exit code ' + str(outcome.returncode)})"}[outcome.failure]
-        return _set_failure(result, outcome.failure, f"the candidate {what}\n{outcome.output[-1500:]}")
+def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
+    """The harness's verdict (trusted) as an EvalResult."""
+    result.run_log = str(verdict.get("run_log", ""))[-4000:]
+    result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
+    result.violations = [Violation(**v) for v in verdict.get("violations", [])]
+    if verdict.get("failure"):
+        return _set_failure(result, verdict["failure"], verdict.get("message", ""))
     if result.violations:
         return _set_failure(result, "guard", "rejected: " + "; ".join(f"[{v.guard}] {v.reason}" for v in result.violations))
-    if not payload.get("ok"):
-        kind = "compile_error" if payload.get("stage") == "import" else "crash"
-        if any(sign in (payload.get("error") or "") for sign in OOM_SIGNS):
-            kind = "out_of_memory"
-        return _set_failure(result, kind, f"ModelNew failed ({payload.get('stage')}): {payload.get('error')}")
-    _verify(task, scratch, private, result)
-    if result.failure is None and profiled:
-        _timings(ctx, task, payload, result)
-
-
-def _verify(task: Task, scratch: Path, private: Path, result: EvalResult) -> None:
-    try:
-        expected = torch.load(private / "expected.pt")
-        got = torch.load(scratch / "outputs.pt", weights_only=True)
-    except Exception as err:
-        return _set_failure(result, "wrong", f"the candidate's outputs could not be read: {type(err).__name__}")
-    outputs, meta = got.get("outputs", []), got.get("meta", [])
-    n = min(len(outputs), len(expected))
-    result.checks = [check_outputs(i, task, expected[i], outputs[i], meta[i]) for i in range(n)]
-    if n < len(expected) - 1:  # the last expected set is the timed run's, absent in verify mode
-        return _set_failure(result, "wrong", f"outputs for {n} of {len(expected)} input sets")
-    failed = [c for c in result.checks if not c.passed]
-    if failed:
-        return _set_failure(result, "wrong", f"wrong on input set {failed[0].index}: {failed[0].reason}")
-    if varies_with_inputs(expected[:n]) and not varies_with_inputs(outputs[:n]):
-        return _set_failure(result, "wrong", "the output does not change with the inputs")
-
-
-def _timings(ctx: EvalContext, task: Task, payload: dict, result: EvalResult) -> None:
-    base = ctx.baselines[(task.id, result.backend)]
-    result.candidate = Timing(**payload["candidate"])
-    result.eager = Timing(**payload["eager"])
-    # torch.compile is timed once per worker; scale it by this run's eager drift so that a
-    # busier or quieter machine moves both baselines together.
-    drift = result.eager.median_ms / base.eager.median_ms
-    result.compiled = Timing(base.compiled.median_ms * drift, base.compiled.iqr_ms * drift, base.compiled.repetitions)
+    if not verdict.get("ok") or not result.checks:
+        return _set_failure(result, "infra", "the harness returned no verdict")
+    if timed:
+        base = ctx.baselines.get(key)
+        if base is None:
+            return _set_failure(result, "infra", "no baseline timing for this task")
+        result.candidate = Timing(**verdict["candidate"])
+        result.eager, result.compiled = base.eager, base.compiled
 
 
 def _set_failure(result: EvalResult, kind: str, message: str) -> bool:

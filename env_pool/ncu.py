@@ -31,9 +31,9 @@ from typing import Mapping
 
 import msgpack
 
-from env_pool.evaluate import CANDIDATE_ISOLATION, SOLUTION_FILE, EvalContext, _compile_step
+from env_pool.evaluate import SOLUTION_FILE, EvalContext, _compile_step
 from env_pool.results import EvalResult
-from env_pool.sandbox import SandboxError, SandboxLimits, run_sandboxed
+from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
 from tasks.task import Task
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")
@@ -259,7 +259,7 @@ async def _run(ctx: EvalContext, scratch: Path) -> str:
     limits = SandboxLimits(wall_s=float(cfg.ncu_timeout_s), memory_mb=cfg.memory_limit_mb, use_gpu=True, loopback=True,
                            hidden_paths=[ctx.reference_dir],
                            keep_capabilities=("CAP_SYS_ADMIN",) if admin else (),
-                           required_isolation=tuple(r for r in CANDIDATE_ISOLATION if not (admin and r == "no-caps")))
+                           required_isolation=tuple(r for r in UNTRUSTED_ISOLATION if not (admin and r == "no-caps")))
     outcome = await asyncio.to_thread(run_sandboxed, ncu_command(find_ncu(), int(cfg.ncu_max_kernels)), b"", scratch,
                                       limits, _env(ctx, scratch))
     report = scratch / REPORT_FILE

@@ -10,8 +10,9 @@ raise ``SandboxError``, which the caller maps to an ``infra`` failure.
 How one run is put together (parent = the worker calling ``run_sandboxed``):
 
     parent ── shim (the shim section of this file: ``python -I -S -c SECTION CONFIG``)
-                 │  new session and process group; joins fresh cgroups; unshares the network,
-                 │  IPC and mount namespaces and builds the filesystem view (read-only root,
+                 │  new session and process group; joins fresh cgroups; pins itself to the
+                 │  run's CPUs; unshares the network, IPC and mount namespaces and builds the
+                 │  filesystem view (read-only root, or a fresh root of chosen paths only;
                  │  writable scratch, private /tmp, /dev and /dev/shm, hidden paths); then
                  │  unshares the PID namespace and forks:
                  ├── init  (PID 1 of the new PID namespace: only reaps orphans)
@@ -33,8 +34,11 @@ its payload and open the result channel *before* it runs untrusted code; the can
 in the same process and could write there too, so whoever reads the result must validate it.
 
 Every protection is applied where the machine allows and fails soft: what was applied is
-listed in ``SandboxOutcome.isolation``; ``SandboxLimits.required_isolation`` turns chosen ones
-into hard requirements (the run is refused, ``SandboxError``, when one is missing).
+listed in ``SandboxOutcome.isolation``, and a label is only listed when the protection is in
+force (checked where it can be: "readonly-root" after statvfs says so).
+``SandboxLimits.required_isolation`` turns chosen ones into hard requirements (the run is
+refused, ``SandboxError``, when one is missing). Untrusted code requires at least
+``UNTRUSTED_ISOLATION``.
 
 The shim is the self-contained section at the end of this file (between the "shim" markers),
 run under ``python -I -S -c``: no site-packages, only light standard modules (psutil is
@@ -60,6 +64,12 @@ RESULT_FD_ENV = "CUDA_AGENT_RESULT_FD"
 
 # Protections the parent applies itself, always present in SandboxOutcome.isolation.
 _PARENT_SIDE = ("session", "rss-watchdog", "wall-clock", "tree-kill")
+
+# What every run of untrusted code requires (SandboxLimits.required_isolation): its own mount
+# namespace with a read-only view (the bound-back checkout and venv included), the hidden paths
+# hidden, no network, no capabilities, and a PID namespace (no host processes to read or signal,
+# nothing that outlives the run). A machine that cannot give one of them refuses the run.
+UNTRUSTED_ISOLATION = ("mountns", "readonly-root", "hidden-paths", "netns", "no-caps", "pidns")
 
 # Environment variables copied from the worker into the child (everything else is dropped:
 # the worker's environment may hold endpoints and API keys). CUDA device selection is only
@@ -124,6 +134,17 @@ class SandboxLimits:
     # Paths the child must not see (the environment's expected outputs, seeds, reference code):
     # an empty read-only tmpfs is mounted over directories, /dev/null over files.
     hidden_paths: list[Path] = field(default_factory=list)
+    # CPUs the run may use (os.sched_setaffinity of the shim before it forks, so the child and
+    # every thread it starts inherit them; label "cpu-affinity"; plus cpuset.cpus of the run's
+    # cgroup where a cpuset controller is there, "cgroup-cpuset"). The runner's seccomp filter
+    # (env_pool/seccomp.py) refuses sched_setaffinity, so the candidate cannot widen them.
+    # Empty: no restriction.
+    cpus: tuple[int, ...] = ()
+    # Non-empty: the child sees only these paths (bound read-only; symlinks resolved, and the
+    # links on the way, /bin -> usr/bin say, recreated), plus its scratch, a private /tmp, a
+    # minimal /dev and its own /proc, in a fresh root (pivot_root; label "visible-only"). Used
+    # for the compiler: nothing of the project, the venv, /root or /work is there to #include.
+    visible_paths: tuple[str, ...] = ()
     # Isolation names (see SandboxOutcome.isolation) without which the run must not start.
     required_isolation: tuple[str, ...] = ()
     # Isolation names not to apply: a knob for a machine where one of them breaks something
@@ -200,11 +221,18 @@ def run_sandboxed(
     limits: SandboxLimits,
     env: dict[str, str] | None = None,
     hidden_paths: list[Path] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    inherit_env: bool = True,
 ) -> SandboxOutcome:
     """Run ``argv`` in ``scratch`` under ``limits``; ``payload`` is its stdin.
 
+    The child's environment is a few variables of the worker's (_ENV_PASSTHROUGH) plus ``env``;
+    with ``inherit_env=False`` it is exactly ``env`` (and the result channel's variable).
+
     Returns whatever the child did; raises ``SandboxError`` only when the sandbox could not run
     it (the program cannot be executed, a required isolation is unavailable, the shim failed).
+    ``pass_fds`` are inherited by the child under the same numbers (shared memory of the round
+    protocol, env_pool/rounds.py); the caller keeps and closes its own copies.
     """
     import subprocess
     import threading
@@ -222,13 +250,17 @@ def run_sandboxed(
     out_r, out_w = os.pipe()
     res_r, res_w = os.pipe()
     st_r, st_w = os.pipe()
-    child_env = _child_env(scratch, limits, env)
+    child_env = _child_env(scratch, limits, env) if inherit_env else dict(env or {})
     child_env[RESULT_FD_ENV] = str(res_w)
+    visible = [os.path.abspath(p) for p in limits.visible_paths]
     config = {
         "argv": list(argv),
         "scratch": str(scratch),
         "hidden": hidden,
-        "keep": _paths_to_keep(argv, child_env),
+        # A fresh root shows only the visible paths: nothing under /tmp is bound back there.
+        "keep": [] if visible else _paths_to_keep(argv, child_env),
+        "visible": visible,
+        "cpus": sorted({int(c) for c in limits.cpus}),
         "allow_network": limits.allow_network,
         "use_gpu": limits.use_gpu,
         "loopback": limits.loopback,
@@ -248,7 +280,7 @@ def run_sandboxed(
     try:
         proc = subprocess.Popen(
             shim_argv, stdin=in_r, stdout=out_w, stderr=out_w, cwd=str(scratch), env=child_env,
-            pass_fds=(res_w, st_w), start_new_session=True, close_fds=True,
+            pass_fds=(res_w, st_w, *pass_fds), start_new_session=True, close_fds=True,
         )
     except OSError as exc:
         for fd in (in_w, out_r, res_r, st_r):
@@ -621,6 +653,7 @@ class _Cgroups:
     pids: a hard cap on processes + threads (the only fork-bomb limit that binds root).
     memory: a hard backstop above memory_mb (the kernel's OOM killer acts between two watchdog
     polls, and tmpfs pages, which are not RSS, are charged too).
+    cpuset: SandboxLimits.cpus, enforced by the kernel whatever the run does to its affinity.
     cgroup v2 without controllers still gives ``cgroup.kill``: kill every member at once,
     whatever sessions or process groups they moved to. Membership also drives the watchdog.
     """
@@ -642,7 +675,10 @@ class _Cgroups:
             return self
         mem_bytes = (limits.memory_mb + 1024) << 20
         skip = set(limits.skip_isolation)
-        for ctrl in ("pids", "memory"):
+        cpus = ",".join(str(c) for c in sorted(set(limits.cpus)))
+        for ctrl in ("pids", "memory", "cpuset"):
+            if ctrl == "cpuset" and not cpus:
+                continue
             if ctrl in v1 and ctrl in own and f"cgroup-{ctrl}" not in skip:
                 d = v1[ctrl] / own[ctrl].lstrip("/") / name
                 try:
@@ -652,6 +688,10 @@ class _Cgroups:
                 try:
                     if ctrl == "pids":
                         (d / "pids.max").write_text(str(limits.max_pids))
+                    elif ctrl == "cpuset":
+                        # A v1 cpuset starts empty: it needs its memory nodes before any member.
+                        (d / "cpuset.mems").write_text((d.parent / "cpuset.mems").read_text())
+                        (d / "cpuset.cpus").write_text(cpus)
                     else:
                         (d / "memory.limit_in_bytes").write_text(str(mem_bytes))
                         if (d / "memory.memsw.limit_in_bytes").exists():
@@ -676,6 +716,9 @@ class _Cgroups:
                     if (d / "memory.swap.max").exists():
                         (d / "memory.swap.max").write_text("0")
                     labels.append("cgroup-memory")
+                if cpus and "cpuset" in controllers and not self.has("cgroup-cpuset") and "cgroup-cpuset" not in skip:
+                    (d / "cpuset.cpus").write_text(cpus)
+                    labels.append("cgroup-cpuset")
             except OSError:
                 pass
             if (d / "cgroup.kill").exists() and "cgroup-kill" not in skip:
@@ -769,7 +812,7 @@ def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
                 v2 = mnt
             elif rest[0] == "cgroup":
                 for opt in rest[2].split(","):
-                    if opt in ("pids", "memory"):
+                    if opt in ("pids", "memory", "cpuset"):
                         v1.setdefault(opt, mnt)
     return v1, v2
 
@@ -823,6 +866,7 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (unified syscall table)
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}  # glibc has no wrapper for it
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
@@ -900,6 +944,14 @@ class _Libc:
         )
         self._check(ret, f"mount_setattr {path}")
 
+    def pivot_root(self, new_root: str, put_old: str) -> None:
+        nr = SYS_PIVOT_ROOT.get(os.uname().machine)
+        if nr is None:
+            raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {os.uname().machine}")
+        ret = self.syscall_(ctypes.c_long(nr), ctypes.c_char_p(os.fsencode(new_root)),
+                            ctypes.c_char_p(os.fsencode(put_old)))
+        self._check(ret, "pivot_root")
+
     def drop_all_caps(self, keep: list[int] = ()) -> None:
         """Empty the bounding, ambient, effective, permitted and inheritable sets (except ``keep``).
 
@@ -947,6 +999,10 @@ def _shim_main(raw_config: str) -> None:
             iso.extend(label.split(","))
         except OSError:
             pass
+    # CPUs: set on the shim, before anything is forked, so init, the child and every thread
+    # the child starts inherit them (the cpuset cgroup joined above enforces them too).
+    if cfg.get("cpus") and _on("cpu-affinity") and _set_affinity(cfg["cpus"]):
+        iso.append("cpu-affinity")
     # If the worker dies, the shim dies (and with it init, and with init the whole namespace).
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         if os.getppid() != cfg["parent_pid"]:
@@ -1018,6 +1074,15 @@ def _shim_main(raw_config: str) -> None:
         report(status=status)
     code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
     os._exit(code if code >= 0 else 128 - code)
+
+
+def _set_affinity(cpus: list[int]) -> bool:
+    """Pin this process to ``cpus``; True only when its affinity is now exactly that set."""
+    try:
+        os.sched_setaffinity(0, cpus)
+        return os.sched_getaffinity(0) == set(cpus)
+    except (OSError, ValueError):
+        return False
 
 
 def _loopback_up() -> bool:
@@ -1103,8 +1168,7 @@ def _child_main(libc: _Libc, cfg: dict, iso: list[str], new_proc: bool, status_f
             report(required_missing=missing)
             os._exit(125)
         report(child_isolation=mine)
-        argv = cfg["argv"]
-        os.execvpe(argv[0], argv, os.environ)
+        _exec(cfg["argv"], dict(os.environ))
     except BaseException as exc:  # noqa: BLE001 - anything here is the sandbox's failure
         try:
             report(exec_error=f"{type(exc).__name__}: {exc}")
@@ -1112,23 +1176,44 @@ def _child_main(libc: _Libc, cfg: dict, iso: list[str], new_proc: bool, status_f
             os._exit(127)
 
 
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    """os.execvpe, less its lazy ``import warnings``: past pivot_root the stdlib is out of view."""
+    if "/" in argv[0]:
+        os.execve(argv[0], argv, env)
+    first_error: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(directory or ".", argv[0]), argv, env)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:  # found, but not executable: say so rather than "not found"
+            first_error = first_error or exc
+    raise first_error or FileNotFoundError(errno.ENOENT, f"{argv[0]} not found on PATH")
+
+
 def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
     """Build the child's filesystem view inside its new mount namespace (fails soft).
 
     - Everything is made private first, so nothing done here propagates back to the host.
+    - Visible paths (SandboxLimits.visible_paths): first a fresh root that holds only those
+      (_enter_visible_root); the steps below then build /tmp, /dev and scratch inside it.
     - /tmp: a fresh size-limited tmpfs. The shared /tmp holds other runs' files and sockets of
       host services (Ray's plasma store, ...); a candidate must neither read nor leave anything.
+      A checkout or venv that lives under /tmp (_paths_to_keep) is bound back into it.
     - /dev: a fresh tmpfs holding only null, zero, full, random, urandom (plus /dev/nvidia* for
       GPU runs) and a private /dev/shm tmpfs. A read-only mount does not stop writes to device
       nodes, and uid 0 may open /dev/vda: the host's /dev must not be visible at all.
     - scratch: bind-mounted onto itself (or, when it lives under the new /tmp, re-bound from a
       descriptor opened beforehand), so it can stay writable.
     - Then every mount is made read-only recursively (mount_setattr AT_RECURSIVE, or one
-      remount per mount on older kernels), and write access is given back to scratch, /tmp
-      and /dev/shm only. Python, the venv and the sources stay readable, nothing can be changed.
+      remount per mount on older kernels), and write access is given back to the scratch, /tmp
+      and /dev/shm mounts themselves only, never to what is mounted below them: the checkout
+      or venv bound back under /tmp stays read-only. "readonly-root" is reported only once
+      statvfs shows / and every bound-back and visible path read-only.
     - /proc stays writable (libcuda fails with error 304 on a read-only one), its machine-wide
       parts bound read-only (_protect_proc); with a PID namespace the child mounts its own.
-    - Hidden paths: an empty read-only tmpfs over each directory, /dev/null over each file.
+    - Hidden paths: an empty read-only tmpfs over each directory, /dev/null over each file;
+      "hidden-paths" only when there were some and every one of them is hidden.
     """
     iso: list[str] = []
     try:
@@ -1138,6 +1223,8 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
     scratch = cfg["scratch"]
     scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
     writable: list[str] = []
+    visible = cfg.get("visible") or []
+    fresh_root = bool(visible) and _on("visible-only") and _enter_visible_root(libc, visible)
 
     tmp_opts = f"size={int(cfg['tmp_mb'])}m,mode=1777"
     if _on("private-tmp"):
@@ -1169,7 +1256,7 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
             same = False
         if same:
             libc.mount(scratch, scratch, None, MS_BIND | MS_REC)
-        else:  # covered by the new /tmp (or /dev): recreate the path, bind the original there
+        else:  # covered by the new /tmp (or /dev, or a fresh root): recreate the path, bind the original there
             os.makedirs(scratch, exist_ok=True)
             libc.mount(f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND | MS_REC)
         scratch_ok = True
@@ -1178,8 +1265,15 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
         pass
     finally:
         os.close(scratch_fd)
+    if fresh_root:
+        # The scratch dir is bound from the old root: only now can that be let go of. Should
+        # this fail, the shim ends here and the run is refused: the old root must not stay.
+        libc.umount(_OLD_ROOT)
+        os.rmdir(_OLD_ROOT)
+        iso.append("visible-only")
 
-    if scratch_ok and _on("readonly-root") and _readonly_except(libc, writable):
+    must_be_readonly = ["/", *cfg.get("keep", []), *visible]
+    if scratch_ok and _on("readonly-root") and _readonly_except(libc, writable, must_be_readonly):
         iso.append("readonly-root")
         # /proc writable again, its global knobs excepted (see _protect_proc): libcuda needs it.
         # Where that cannot be done, it stays read-only (CUDA then fails: a safe failure).
@@ -1192,8 +1286,9 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
                 except OSError:
                     pass
 
+    hidden = cfg["hidden"] if _on("hidden-paths") else []
     hidden_ok = True
-    for path in cfg["hidden"] if _on("hidden-paths") else []:
+    for path in hidden:
         try:
             st = os.stat(path)
         except OSError:
@@ -1206,9 +1301,103 @@ def _setup_mounts(libc: _Libc, cfg: dict) -> list[str]:
                 libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         except OSError:
             hidden_ok = False
-    if cfg["hidden"] and hidden_ok:
+    if hidden and hidden_ok:
         iso.append("hidden-paths")
     return iso
+
+
+def _enter_visible_root(libc: _Libc, paths: list[str]) -> bool:
+    """Make a tmpfs that holds only ``paths`` the root of this mount namespace (pivot_root).
+
+    Each path is bound (recursively) at its real location, and every symlink met on the way
+    there is recreated as it is on the host (/lib64 -> usr/lib64, /usr/local/cuda ->
+    cuda-13.0 when /usr is not bound whole), so programs and the loader find their files under
+    the names they know. The tmpfs is staged over /tmp: whatever the later steps need from
+    the old root is held open by descriptor before that (the scratch dir by _setup_mounts, the
+    visible paths here). The host's /dev and /proc are bound in only for the steps that
+    follow: the private /dev then covers the first, the run's own procfs the second (without
+    a PID namespace the host's /proc stays, as in the normal view). The old root waits at
+    _OLD_ROOT (a bind source must be a mount of this namespace) until _setup_mounts has bound
+    the scratch dir, then it is detached: nothing else of the host is reachable by any path.
+    """
+    binds, links = _visible_plan(paths)
+    fds: dict[str, int] = {}
+    stage = "/tmp"
+    staged = False
+    try:
+        for path in binds:
+            fds[path] = os.open(path, os.O_PATH)
+        libc.mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=755")
+        staged = True
+        for path, fd in fds.items():
+            _make_mountpoint(stage + path, stat.S_ISDIR(os.fstat(fd).st_mode))
+            libc.mount(f"/proc/self/fd/{fd}", stage + path, None, MS_BIND | MS_REC)
+        for link, dest in links:
+            os.makedirs(os.path.dirname(stage + link), exist_ok=True)
+            os.symlink(dest, stage + link)
+        for name, mode in (("tmp", 0o1777), ("dev", 0o755), ("proc", 0o555)):
+            _make_mountpoint(f"{stage}/{name}", True)
+            os.chmod(f"{stage}/{name}", mode)
+        libc.mount("/dev", f"{stage}/dev", None, MS_BIND | MS_REC)
+        libc.mount("/proc", f"{stage}/proc", None, MS_BIND | MS_REC)
+        os.mkdir(stage + _OLD_ROOT, 0o700)
+        libc.pivot_root(stage, stage + _OLD_ROOT)
+        os.chdir("/")
+        return True
+    except OSError:
+        if staged:
+            try:
+                libc.umount(stage)
+            except OSError:
+                pass
+        return False
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+_OLD_ROOT = "/.old-root"  # where pivot_root puts the host's root until it is detached
+
+
+def _make_mountpoint(path: str, is_dir: bool) -> None:
+    if is_dir:
+        os.makedirs(path, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _visible_plan(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(real paths to bind, none inside another; (link, target) pairs to recreate)."""
+    real: set[str] = set()
+    links: dict[str, str] = {}
+    for path in paths:
+        resolved = _follow_links(os.path.normpath(path), links)
+        if resolved is not None and os.path.exists(resolved):
+            real.add(resolved)
+    inside = lambda p, roots: any(p != r and p.startswith(r.rstrip("/") + "/") for r in roots)  # noqa: E731
+    binds = sorted(p for p in real if not inside(p, real))
+    # A link inside a bound tree is there already (and that tree is read-only).
+    return binds, sorted((link, dest) for link, dest in links.items() if not inside(link, binds))
+
+
+def _follow_links(path: str, links: dict[str, str]) -> str | None:
+    """``path`` with every symlink on the way resolved (each one met goes into ``links``); None on a loop."""
+    for _ in range(40):
+        parts = [p for p in path.split("/") if p]
+        here = ""
+        for i, part in enumerate(parts):
+            step = f"{here}/{part}"
+            if os.path.islink(step):
+                dest = os.readlink(step)
+                links[step] = dest
+                base = dest if dest.startswith("/") else os.path.join(here or "/", dest)
+                path = os.path.normpath(os.path.join(base, *parts[i + 1:]))
+                break
+            here = step
+        else:
+            return here or "/"
+    return None
 
 
 def _private_dev(libc: _Libc, use_gpu: bool, shm_opts: str) -> bool:
@@ -1295,35 +1484,54 @@ _MOUNT_FLAG_OPTS = {
 }
 
 
-def _readonly_except(libc: _Libc, writable: list[str]) -> bool:
+def _readonly_except(libc: _Libc, writable: list[str], check: list[str]) -> bool:
+    """Every mount read-only but the ``writable`` mounts themselves; True once ``check`` is read-only."""
     try:
-        libc.mount_setattr("/", MOUNT_ATTR_RDONLY, 0)
+        libc.mount_setattr("/", MOUNT_ATTR_RDONLY, 0)  # recursive: every mount in the view
         for path in writable:
-            libc.mount_setattr(path, 0, MOUNT_ATTR_RDONLY)
-        return True
+            # Not recursive: what is mounted below a writable mount (the checkout or venv bound
+            # back under /tmp) keeps its read-only flag.
+            libc.mount_setattr(path, 0, MOUNT_ATTR_RDONLY, recursive=False)
     except OSError:
-        pass
-    # Kernels before 5.12: one bind-remount per mount, keeping each mount's other flags.
+        _remount_readonly(libc, writable)
+    return _all_readonly(check)
+
+
+def _remount_readonly(libc: _Libc, writable: list[str]) -> None:
+    """Kernels before 5.12: one bind-remount per mount, keeping each mount's other flags."""
     try:
         with open("/proc/self/mountinfo") as f:
             entries = [line.split() for line in f]
     except OSError:
-        return False
-    inside = lambda p, roots: any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)  # noqa: E731
-    root_ok = False
+        return
+    # A remount by path reaches the mount on top at that point: the last one listed there.
+    # (Remounting an earlier, covered entry's path would hit the top one, /tmp's new tmpfs say.)
+    top: dict[str, str] = {}
     for fields in entries:
-        mnt = _unescape(fields[4])
-        if inside(mnt, writable):
+        top[_unescape(fields[4])] = fields[5]
+    for mnt, opts in top.items():
+        if mnt in writable:  # exactly: mounts below a writable one stay read-only
             continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for opt in fields[5].split(","):
+        for opt in opts.split(","):
             flags |= _MOUNT_FLAG_OPTS.get(opt, 0)
         try:
             libc.mount(None, mnt, None, flags)
-            root_ok = root_ok or mnt == "/"
         except OSError:
-            pass
-    return root_ok
+            pass  # _all_readonly decides whether the view is read-only enough
+
+
+def _all_readonly(paths: list[str]) -> bool:
+    """Whether the mount each existing path lies on is read-only (statvfs: what a write would meet)."""
+    for path in paths:
+        if not os.path.lexists(path):
+            continue  # nothing there to write to; its parent's mount is checked through "/"
+        try:
+            if not os.statvfs(path).f_flag & os.ST_RDONLY:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _teardown(init_pid: int | None) -> None:

@@ -1,4 +1,4 @@
-"""No new processes from the candidate's process: a seccomp filter, installed by the runner.
+"""No new processes, no wider CPU set, from the candidate's process: a seccomp filter, installed by the runner.
 
 Python's audit hooks (env_pool/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
 called from Python, but not ``system()``, ``fork()`` or ``execve()`` called from a kernel's
@@ -13,6 +13,10 @@ makes the kernel refuse them for every thread of the candidate's process:
 - ``clone3``: fails with ENOSYS. Its flags sit in a struct that a BPF filter cannot read,
   and glibc (2.34+) falls back to ``clone`` on ENOSYS, where the flags are an argument:
   ``pthread_create`` then passes ``CLONE_THREAD`` and goes through, ``posix_spawn`` does not.
+- ``sched_setaffinity``: fails with EPERM. The sandbox pins the run to its CPUs
+  (SandboxLimits.cpus); without this a kernel could move its threads onto every core of the
+  machine (os.sched_setaffinity, pthread_setaffinity_np, OpenMP's proc_bind) and slow the
+  evaluations running beside it. A refusal, not a kill: OpenMP runtimes try it and carry on.
 - Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,
   ``threading``) keep working. A call through another ABI (i386 ``int 0x80`` or x32 on
   x86-64), where the numbers above mean something else, kills the process too.
@@ -56,9 +60,9 @@ X32_SYSCALL_BIT = 0x40000000
 # The numbers differ per architecture; fork and vfork do not exist on aarch64.
 _ARCHES = {
     "x86_64": {"audit_arch": 0xC000003E, "seccomp": 317, "execve": 59, "execveat": 322, "fork": 57,
-               "vfork": 58, "clone": 56, "clone3": 435, "x32": True},
+               "vfork": 58, "clone": 56, "clone3": 435, "sched_setaffinity": 203, "x32": True},
     "aarch64": {"audit_arch": 0xC00000B7, "seccomp": 277, "execve": 221, "execveat": 281,
-                "clone": 220, "clone3": 435, "x32": False},
+                "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False},
 }
 
 # What the runner's parent sees when the filter fires.
@@ -74,7 +78,7 @@ class _Prog(ctypes.Structure):
 
 
 def _program(nums: dict) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k); jumps name labels ("allow", "kill", "enosys")."""
+    """The filter as (code, jt, jf, k); jumps name labels ("allow", "kill", "enosys", "eperm")."""
     prog: list[tuple] = [
         (_LD_W_ABS, 0, 0, _ARCH),
         (_JEQ_K, 0, "kill", nums["audit_arch"]),
@@ -86,16 +90,18 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
         if name in nums:
             prog.append((_JEQ_K, "kill", 0, nums[name]))
     prog += [
+        (_JEQ_K, "eperm", 0, nums["sched_setaffinity"]),
         (_JEQ_K, "enosys", 0, nums["clone3"]),
         (_JEQ_K, 0, "allow", nums["clone"]),
         (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags (the first argument on both arches)
         (_JSET_K, "allow", "kill", CLONE_THREAD),
     ]
-    labels = {"allow": len(prog), "kill": len(prog) + 1, "enosys": len(prog) + 2}
+    labels = {"allow": len(prog), "kill": len(prog) + 1, "enosys": len(prog) + 2, "eperm": len(prog) + 3}
     prog += [
         (_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         (_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
         (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS),
+        (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
     ]
     # BPF jumps are relative to the next instruction.
     rel = lambda i, target: target if isinstance(target, int) else labels[target] - i - 1  # noqa: E731
@@ -103,7 +109,11 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
 
 
 def forbid_processes() -> None:
-    """Install the filter on every thread of this process, for good. Raises OSError when it cannot."""
+    """Install the filter on every thread of this process, for good. Raises OSError when it cannot.
+
+    After it: process creation and exec kill the process (SIGSYS), threads still start, and
+    sched_setaffinity fails with EPERM (the CPUs the sandbox gave stay the only ones).
+    """
     nums = _ARCHES.get(platform.machine())
     if nums is None:
         raise OSError(errno.ENOSYS, f"no process-blocking seccomp filter for the {platform.machine()} architecture")

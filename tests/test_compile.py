@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -12,17 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import env_pool.compile as compile_module
 from env_pool.compile import (
+    COMPILE_ISOLATION,
     CPP_FLAGS,
     CompileResult,
+    _run_compiler,
     cache_key,
     compile_kernel,
+    compiler_env,
     kernel_files,
     summarize_compiler_errors,
+    toolchain_view,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: cannot compile-check CUDA")
+REPO = Path(__file__).resolve().parents[1]
 
 ADD_CPP = """\
 #include <cstdint>
@@ -273,3 +280,113 @@ def test_summary_without_error_lines_is_the_tail() -> None:
     output = "\n".join(f"line {i}" for i in range(100))
     summary = summarize_compiler_errors(output)
     assert summary.splitlines() == [f"line {i}" for i in range(80, 100)]
+
+
+# ---- the sandboxed compiler: a source file must not read what lies outside its work dir ----------
+
+
+@pytest.fixture
+def outside_file():
+    """A file outside /tmp and outside any work dir, whose lines the compiler would quote."""
+    folder = Path(tempfile.mkdtemp(prefix="compile-test-", dir="/var/tmp"))
+    secret = folder / "secret.h"
+    secret.write_text(f"SECRET_{uuid.uuid4().hex} is not C++;\n")
+    yield secret
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _leaked_lines(path: Path, log: str) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if len(line.strip()) > 12 and line.strip() in log]
+
+
+@pytest.mark.parametrize("target", ["outside", "repo", "relative"])
+def test_include_of_a_file_outside_the_work_dir_fails(tmp_path: Path, outside_file: Path, target: str) -> None:
+    path = {
+        "outside": str(outside_file),
+        "repo": str(REPO / "env_pool" / "evaluate.py"),  # the environment's own code
+        "relative": "../../../../../../.." + str(outside_file),  # from the work dir up to / and down
+    }[target]
+    result = compile_kernel({"kernel.cpp": f'#include "{path}"\nextern "C" int f() {{ return 1; }}\n'}, "cpp", tmp_path)
+    assert not result.ok and not result.infra
+    assert "No such file or directory" in result.log, result.log
+    source = outside_file if target != "repo" else REPO / "env_pool" / "evaluate.py"
+    assert _leaked_lines(source, result.log) == []
+
+
+@pytest.mark.parametrize("path", ["/etc/hostname", "/etc/passwd", "/proc/1/environ", "/root/.bashrc"])
+def test_include_of_system_files_outside_the_toolchain_fails(tmp_path: Path, path: str) -> None:
+    # /proc/1 is the run's own init (its PID namespace); the kernel refuses its environ to a
+    # process without capabilities.
+    result = compile_kernel({"kernel.cpp": f'#include "{path}"\n'}, "cpp", tmp_path)
+    assert not result.ok and not result.infra, result.log
+    assert "No such file or directory" in result.log or "Permission denied" in result.log, result.log
+
+
+@needs_nvcc
+def test_nvcc_include_of_a_file_outside_fails(tmp_path: Path, outside_file: Path) -> None:
+    result = compile_kernel({"kernel.cu": f'#include "{outside_file}"\n' + ADD_CU}, "cuda", tmp_path, arch="sm_90a")
+    assert not result.ok and not result.infra and "No such file or directory" in result.log, result.log
+    assert _leaked_lines(outside_file, result.log) == []
+
+
+INCBIN = 'asm(".section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{path}\\"\\n.previous");\nextern "C" int f() {{ return 1; }}\n'
+
+
+def test_incbin_of_a_file_outside_fails(tmp_path: Path, outside_file: Path) -> None:
+    inside = compile_kernel({"kernel.cpp": INCBIN.format(path="scale.h"), "scale.h": SCALE_H}, "cpp", tmp_path)
+    assert inside.ok, inside.log  # the mechanism works: a file of the work dir is embedded
+    assert SCALE_H.encode() in Path(inside.library).read_bytes()
+    for path in (str(outside_file), str(REPO / "env_pool" / "evaluate.py")):
+        result = compile_kernel({"kernel.cpp": INCBIN.format(path=path)}, "cpp", tmp_path)
+        assert not result.ok and not result.infra, f"{path} was embedded"
+        assert "file not found" in result.log or "No such file" in result.log, result.log
+
+
+def test_compiler_environment_is_fixed(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_AGENT_TEST_API_KEY", "sk-do-not-leak")
+    monkeypatch.setenv("CPLUS_INCLUDE_PATH", "/work")  # would steer g++ if it passed
+    env = compiler_env(tmp_path)
+    assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "CUDA_HOME"}
+    assert env["LC_ALL"] == "C" and env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    outcome = _run_compiler(["sh", "-c", "env"], tmp_path, 30, 1024)
+    assert outcome.failure is None, outcome.output
+    names = {line.split("=", 1)[0] for line in outcome.output.splitlines() if "=" in line}
+    assert names <= set(env) | {"PWD", "SHLVL", "_", "CUDA_AGENT_RESULT_FD"}, names
+    assert "sk-do-not-leak" not in outcome.output and "CPLUS_INCLUDE_PATH" not in outcome.output
+
+
+def test_compiler_sees_the_toolchain_and_its_work_dir_only(tmp_path: Path) -> None:
+    (tmp_path / "tmp").mkdir()
+    # The venv, and the interpreter's own prefix unless it is the system's (/usr on the GPU machines).
+    view = toolchain_view()
+    pythons = {p for p in (sys.prefix, sys.base_prefix) if not any(p == v or p.startswith(v + "/") for v in view)}
+    script = f"""
+        for p in /work /root /home /etc/passwd {REPO} {' '.join(sorted(pythons))} /var /opt /srv; do
+            test -e "$p" && echo "VISIBLE $p"
+        done
+        for p in /usr/x /x /etc/x /tmp/../x; do touch "$p" 2>/dev/null && echo "WROTE $p"; done
+        touch built.o tmp/t /tmp/t && echo "work dir writable"
+        command -v g++ >/dev/null && echo "g++ found"
+        """
+    outcome = _run_compiler(["sh", "-c", script], tmp_path, 30, 1024)
+    assert outcome.failure is None, outcome.output
+    assert "VISIBLE" not in outcome.output and "WROTE" not in outcome.output, outcome.output
+    assert "work dir writable" in outcome.output and "g++ found" in outcome.output
+    assert set(COMPILE_ISOLATION) <= set(outcome.isolation)
+
+
+def test_compile_without_its_isolation_is_infra_and_never_runs_bare(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(compile_module, "COMPILE_ISOLATION", (*COMPILE_ISOLATION, "no-such-protection"))
+    result = compile_kernel(_good(), "cpp", tmp_path)
+    assert not result.ok and result.infra and result.library is None
+    assert "no-such-protection" in result.log
+    assert list(tmp_path.iterdir()) == []  # infra failures are never cached
+
+
+def test_compile_out_of_memory_is_not_cached(tmp_path: Path) -> None:
+    source = '#include <bits/stdc++.h>\nextern "C" int f() { std::map<int, int> m; m[1] = 2; return m[1]; }\n'
+    result = compile_kernel({"kernel.cpp": source}, "cpp", tmp_path, memory_mb=40)
+    assert not result.ok and not result.infra and "out of memory" in result.log, result.log
+    assert list(tmp_path.iterdir()) == []
+    assert compile_kernel({"kernel.cpp": source}, "cpp", tmp_path).ok  # the default limit is enough

@@ -69,20 +69,30 @@ def test_legitimate_kernel_is_timed_against_both_baselines(pools, tasks, name: s
     folder = CORPUS / "legit" / name
     result = evaluate(pools, tasks, folder, json.loads((folder / "case.json").read_text()), "full")
     assert result.failure is None, f"{name}: {result.failure}: {result.message}"
-    assert result.milestone >= Milestone.CORRECT and len(result.checks) == 6  # 5 sets plus the timed run's output
+    # Every round is checked: the 5 correctness rounds, then 1 warm-up and 5 timed rounds.
+    assert result.milestone >= Milestone.CORRECT and len(result.checks) == 5 + 1 + 5
     for timing in (result.eager, result.compiled, result.candidate):
         assert timing is not None and timing.median_ms > 0 and timing.repetitions == 5
+
+
+def meets(result: EvalResult, verdict: dict) -> bool:
+    """A failure of the named kind (and guard), or, for {"max_milestone": N}, no milestone above N."""
+    if "max_milestone" in verdict:
+        return result.milestone <= verdict["max_milestone"]
+    guards = {v.guard for v in result.violations}
+    return result.failure == verdict["failure"] and verdict.get("guard") in (None, *guards)
 
 
 @pytest.mark.parametrize("folder, case", cases("hacks"))
 def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case: dict):
     result = evaluate(pools, tasks, folder, case, case.get("mode", "verify"))
-    assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
     verdicts = [case["expect"], *case.get("also_ok", [])]  # e.g. a side thread may be caught as a thread or as wrong
-    got = {"failure": result.failure, "guards": sorted({v.guard for v in result.violations})}
-    assert any(result.failure == v["failure"] and v.get("guard") in (None, *got["guards"]) for v in verdicts), (
+    got = {"failure": result.failure, "guards": sorted({v.guard for v in result.violations}), "milestone": int(result.milestone)}
+    assert any(meets(result, v) for v in verdicts), (
         f"{folder.name}: expected one of {verdicts}, got {got}: {result.message}\n{result.run_log[-1500:]}"
     )
+    if all("failure" in v for v in verdicts):
+        assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
 
 
 CUDA_SOURCES = sorted(CORPUS.glob("*/*/kernel.cu"))

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, _HeadTail, run_sandboxed
+from env_pool import sandbox
+from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, _HeadTail, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
@@ -548,3 +549,167 @@ def test_sources_under_tmp_stay_importable_while_the_rest_of_tmp_is_private(tmp_
     finally:
         shutil.rmtree(code_dir, ignore_errors=True)
         shutil.rmtree(secret, ignore_errors=True)
+
+
+@pytest.mark.parametrize("method", ["mount_setattr", "remount"])
+def test_checkout_and_venv_bound_back_under_tmp_are_read_only(tmp_path, monkeypatch, method):
+    # A clone and a venv under /tmp are bound back into the private /tmp (_paths_to_keep): the
+    # candidate must be able to import from them and never to change them.
+    if method == "remount":  # kernels before 5.12: mount_setattr fails (ENOSYS), one remount per mount
+        source = sandbox._shim_source().replace("SYS_MOUNT_SETATTR = 442", "SYS_MOUNT_SETATTR = 99999")
+        monkeypatch.setattr(sandbox, "_shim_source", lambda: source)
+    checkout = Path(tempfile.mkdtemp(prefix="sandbox-checkout-", dir="/tmp"))
+    venv = Path(tempfile.mkdtemp(prefix="sandbox-venv-", dir="/tmp"))
+    try:
+        (checkout / "pkg_mod.py").write_text("VALUE = 'from the checkout'\n")
+        site = venv / "lib" / "site-packages"
+        site.mkdir(parents=True)
+        (site / "venv_mod.py").write_text("VALUE = 'from the venv'\n")
+        (venv / "bin").mkdir()
+        python = venv / "bin" / "python"
+        python.symlink_to(sys.executable)
+        code = textwrap.dedent(f"""
+            import os, pkg_mod, venv_mod
+            print("read:", pkg_mod.VALUE, "/", venv_mod.VALUE)
+            for d in {[str(checkout), str(site), str(venv / "bin")]!r}:
+                attempts = [
+                    ("write", lambda: open(os.path.join(d, os.listdir(d)[0]), "a").write("x")),
+                    ("create", lambda: open(os.path.join(d, "new_file"), "w").write("x")),
+                    ("mkdir", lambda: os.mkdir(os.path.join(d, "new_dir"))),
+                    ("delete", lambda: os.remove(os.path.join(d, os.listdir(d)[0]))),
+                ]
+                for what, attempt in attempts:
+                    try:
+                        attempt()
+                        print("CHANGED", what, d)
+                    except OSError as e:
+                        print("refused", what, e.strerror)
+            open("scratch.txt", "w").write("fine")
+            """)
+        env = {"PYTHONPATH": f"{checkout}{os.pathsep}{site}"}
+        out = run_sandboxed([str(python), "-c", code], b"", tmp_path, SandboxLimits(wall_s=20.0), env=env)
+        assert out.failure is None, out.output
+        assert "read: from the checkout / from the venv" in out.output
+        assert "readonly-root" in out.isolation, out.isolation
+        assert "CHANGED" not in out.output, out.output
+        assert out.output.count("refused ") == 12  # EROFS (ETXTBSY for the running interpreter)
+        assert (tmp_path / "scratch.txt").read_text() == "fine"
+        assert sorted(p.name for p in checkout.iterdir()) == ["pkg_mod.py"]
+        assert sorted(p.name for p in site.iterdir()) == ["venv_mod.py"]
+        assert (checkout / "pkg_mod.py").read_text() == "VALUE = 'from the checkout'\n"
+        assert python.is_symlink() and sorted(p.name for p in (venv / "bin").iterdir()) == ["python"]
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+# ---- what a run requires --------------------------------------------------------------------------
+
+
+def test_untrusted_isolation_is_there_and_required(tmp_path, outside_tmp):
+    secret = outside_tmp / "expected"
+    secret.mkdir()
+    (secret / "answer.txt").write_text("42")
+    code = f"import os; print('listing:', os.listdir({str(secret)!r}))"
+    limits = dict(required_isolation=UNTRUSTED_ISOLATION, hidden_paths=[secret])
+    out = run(code, tmp_path, **limits)
+    assert out.failure is None and "listing: []" in out.output, out.output
+    assert set(UNTRUSTED_ISOLATION) <= set(out.isolation)
+    for missing in ("pidns", "hidden-paths", "readonly-root", "netns"):
+        with pytest.raises(SandboxError, match=f"required isolation unavailable: {missing}"):
+            run("open('ran', 'w')", tmp_path, skip_isolation=(missing,), **limits)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_hidden_paths_is_only_reported_when_something_was_hidden(tmp_path, outside_tmp):
+    assert "hidden-paths" not in run("pass", tmp_path).isolation  # nothing to hide: nothing reported
+    (outside_tmp / "seed.txt").write_text("1234")
+    skipped = run(f"print(open({str(outside_tmp / 'seed.txt')!r}).read())", tmp_path,
+                  hidden_paths=[outside_tmp], skip_isolation=("hidden-paths",))
+    assert "1234" in skipped.output and "hidden-paths" not in skipped.isolation  # not hidden: not reported
+
+
+# ---- CPUs ---------------------------------------------------------------------------------------
+
+
+def test_cpus_pin_the_child_and_its_threads(tmp_path):
+    out = run(
+        """
+        import os, threading
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+        t.start(); t.join()
+        print("main", sorted(os.sched_getaffinity(0)), "thread", seen[0])
+        """,
+        tmp_path,
+        cpus=(0,),
+    )
+    assert out.failure is None, out.output
+    assert "main [0] thread [0]" in out.output
+    assert "cpu-affinity" in out.isolation
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to try widening one")
+def test_the_candidate_cannot_widen_its_cpus_after_the_seccomp_filter(tmp_path):
+    out = run(
+        """
+        import ctypes, os
+        from env_pool.seccomp import forbid_processes
+        forbid_processes()
+        try:
+            os.sched_setaffinity(0, {0, 1})
+            print("WIDENED")
+        except PermissionError:
+            print("refused")
+        libc = ctypes.CDLL(None, use_errno=True)
+        mask = ctypes.c_ulong(0b11)
+        print("libc", libc.sched_setaffinity(0, ctypes.sizeof(mask), ctypes.byref(mask)), os.strerror(ctypes.get_errno()))
+        print("affinity", sorted(os.sched_getaffinity(0)))
+        """,
+        tmp_path,
+        cpus=(0,),
+    )
+    assert out.failure is None, out.output
+    assert "refused" in out.output and "WIDENED" not in out.output
+    assert "libc -1 Operation not permitted" in out.output and "affinity [0]" in out.output
+
+
+# ---- a view of chosen paths only (the compiler's) --------------------------------------------------
+
+
+def test_visible_paths_are_all_the_child_sees(tmp_path, outside_tmp):
+    real = outside_tmp / "toolkit-1.0"
+    (real / "bin").mkdir(parents=True)
+    (real / "bin" / "tool").write_text("tool\n")
+    (outside_tmp / "toolkit").symlink_to("toolkit-1.0")  # as /usr/local/cuda -> cuda-13.0
+    (outside_tmp / "beside.txt").write_text("not listed")
+    system = [p for p in ("/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache") if os.path.lexists(p)]
+    script = f"""
+        ls -a /
+        for p in /work /root /home /etc/passwd /etc/hostname {REPO} {sys.prefix} {outside_tmp}/beside.txt; do
+            test -e "$p" && echo "VISIBLE $p"
+        done
+        cat {outside_tmp}/toolkit/bin/tool
+        echo "link: $(readlink {outside_tmp}/toolkit)"
+        for p in /usr/x {outside_tmp}/toolkit/bin/x /x /etc/x; do
+            touch "$p" 2>/dev/null && echo "WROTE $p"
+        done
+        echo scratch > scratch.txt && echo "scratch ok"
+        echo tmp > /tmp/t && echo "tmp ok"
+        ls /tmp
+        """
+    out = run_sandboxed(
+        ["sh", "-c", textwrap.dedent(script)], b"", tmp_path,
+        SandboxLimits(wall_s=20.0, visible_paths=(*system, str(outside_tmp / "toolkit")),
+                      required_isolation=("visible-only", "readonly-root", "pidns")),
+        env={"PATH": "/usr/bin:/bin"}, inherit_env=False,
+    )
+    assert out.failure is None, out.output
+    assert "VISIBLE" not in out.output and "WROTE" not in out.output, out.output
+    assert "tool\n" in out.output and "link: toolkit-1.0" in out.output
+    assert "scratch ok" in out.output and "tmp ok" in out.output
+    lines = out.output.splitlines()
+    root = set(lines[: lines.index("tool")])  # `ls -a /`, up to the tool's output
+    assert root <= {".", "..", "usr", "bin", "lib", "lib64", "etc", "var", "tmp", "dev", "proc"}, root
+    assert (tmp_path / "scratch.txt").read_text() == "scratch\n"
+    assert not (real / "bin" / "x").exists()

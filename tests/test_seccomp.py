@@ -6,6 +6,7 @@ filter's verdict is the child's fate (SIGSYS kill, or a normal exit).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -73,6 +74,36 @@ def test_a_thread_started_before_the_filter_is_covered_too():
         t = threading.Thread(target=late_fork); t.start()
     """, body="go.set(); t.join()")
     assert_killed(proc, "fork() from a thread that predates the filter")
+
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to try widening one")
+
+
+@needs_two_cpus
+def test_the_cpu_set_cannot_be_widened():
+    # The sandbox pins a run to its CPUs (SandboxLimits.cpus); the candidate must not undo it,
+    # neither from Python nor from native code (pthread_setaffinity_np is the same system call).
+    proc = run_filtered(before="os.sched_setaffinity(0, {0})", body="""
+        try:
+            os.sched_setaffinity(0, {0, 1})
+            print("WIDENED from Python")
+        except PermissionError:
+            print("python refused")
+        libc = ctypes.CDLL(None, use_errno=True)
+        mask = ctypes.c_ulong(0b11)
+        if libc.sched_setaffinity(0, ctypes.sizeof(mask), ctypes.byref(mask)) == 0:
+            print("WIDENED from libc")
+        else:
+            print("libc refused", os.strerror(ctypes.get_errno()))
+        def in_thread():
+            print("thread refused" if libc.sched_setaffinity(0, ctypes.sizeof(mask), ctypes.byref(mask)) else "WIDENED from a thread")
+        t = threading.Thread(target=in_thread); t.start(); t.join()
+        print("affinity", sorted(os.sched_getaffinity(0)))
+    """)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
+    assert "WIDENED" not in proc.stdout, proc.stdout
+    assert "python refused" in proc.stdout and "libc refused Operation not permitted" in proc.stdout
+    assert "thread refused" in proc.stdout and "affinity [0]" in proc.stdout
 
 
 def test_torch_openmp_threads_work_under_the_filter():

@@ -1,0 +1,383 @@
+"""The trusted harness: drives one evaluation's rounds, keeps the clock, verifies every output.
+
+TRUSTED SIDE. No candidate code ever runs in this process (``python -m env_pool.harness``,
+started by env_pool/evaluate.py). It decides every number the reward uses:
+
+- inputs: fresh contents for every round, from seeds drawn here and never sent anywhere;
+  written into the shared input slots (the same addresses every round, new contents);
+- time: each round on this process's own clock, from GO to the moment the round's outputs
+  have been copied out of the shared slots, less the median of the same server's ``null``
+  phase (the protocol's own cost, measured before any candidate code was loaded);
+- correctness: every round's outputs, warm-up and timed alike, against the reference run
+  here on the same inputs; the output slots are NaN-poisoned before each round, so a missing
+  output fails; inputs are compared with the private copies after each round (mutation);
+- baselines: eager and torch.compile served by a second, trusted server under the same
+  protocol, sandbox, CPU set and thread count as the candidate.
+
+What the candidate's side can send, and how it is taken (a server is untrusted even when it
+serves the reference: it is the same code, in the same kind of process):
+- DONE (control word): only ends the round's wait; a wrong value keeps waiting; -round marks
+  a failed round (a failure can only fail the candidate);
+- READY: only ends the wait for a phase; a negative value fails the phase;
+- the message area and the result channel: text for messages and guard violations, trimmed,
+  parsed defensively; a violation can only fail the candidate;
+- the output slots: data, verified here;
+- its exit status, output and resource use, through run_sandboxed.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import torch
+
+from env_pool.inputs import adversarial, make_model
+from env_pool.profile import CacheFlusher, synchronize
+from env_pool.results import InputCheck, Timing
+from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, Layout, SlotMemory, next_phase, plan_layout
+from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.seccomp import KILL_SIGNAL
+from env_pool.verify import check_outputs, varies_with_inputs
+from tasks.task import Task, build_problem
+
+# -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
+# msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
+SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
+SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
+MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
+KEPT_OUTPUTS = 5  # checked outputs kept for the "does the output vary with the inputs" test
+OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
+
+
+class RoundsFailed(Exception):
+    """The candidate failed: ``kind`` is one of results.FAILURE_KINDS."""
+
+    def __init__(self, kind: str, message: str, output: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.output = output  # the server's stdout and stderr, trimmed
+
+
+@dataclass
+class PhaseRun:
+    """What the harness measured of one phase: raw round times (ns) and the checks it made."""
+
+    samples_ns: list[int] = field(default_factory=list)
+    checks: list[InputCheck] = field(default_factory=list)
+    kept: list[list[torch.Tensor]] = field(default_factory=list)
+    expected: list[list[torch.Tensor]] = field(default_factory=list)
+    mutated: bool = False
+
+
+class Rounds:
+    """Fresh inputs, the reference, and the shared memory of one evaluation."""
+
+    def __init__(self, payload: dict):
+        self.payload = payload
+        self.task = Task.from_dict(payload["task"])
+        self.backend = payload["backend"]
+        self.device = "cuda" if self.backend == "cuda" else "cpu"
+        torch.set_num_threads(int(payload.get("threads", 1)))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.problem = build_problem(self.task, self.backend)
+        self.init_seed = secrets.randbits(62)
+        self.reference = make_model(self.problem, self.init_seed, self.device)
+        first = self.fresh_inputs()
+        with torch.no_grad():
+            outputs = _as_list(self.reference(*first))
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise RuntimeError("the task's reference returns something other than tensors; the environment times tensors only")
+        self.layout = plan_layout(first, outputs, self.device)
+        self.scalars = [a.get("value") for a in self.layout.args]
+        self.control = Control.create()
+        self.memory = SlotMemory.create(self.layout.size, self.device)
+        self.arg_views = [self.memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
+        self.out_views = [self.memory.view(s) for s in self.layout.outputs]
+        self.flusher = CacheFlusher(self.device)
+        self.seq = 0
+
+    def fresh_inputs(self) -> list[Any]:
+        """One call's arguments from a seed that never leaves this process, made on the device."""
+        torch.manual_seed(secrets.randbits(62))
+        with torch.device(self.device):
+            values = self.problem.get_inputs()
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | None] | int, check: bool) -> PhaseRun:
+        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh), or a count of fresh ones."""
+        run = PhaseRun()
+        todo = rounds if isinstance(rounds, list) else [None] * rounds
+        for given in todo:
+            inputs = given if given is not None else self.fresh_inputs()
+            self._stage(inputs)
+            start = time.perf_counter_ns()
+            self.seq += 1
+            self.control.words[GO] = self.seq
+            status = self._wait_done(thread)
+            snapshot = [o.clone() for o in self.out_views]
+            synchronize(self.device)
+            run.samples_ns.append(time.perf_counter_ns() - start)
+            if status < 0:
+                raise RoundsFailed(*_kind_and_message(self.control.message(), "crash"))
+            run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
+            if check:
+                self._check(run, inputs, snapshot)
+        return run
+
+    def _stage(self, inputs: list[Any]) -> None:
+        for view, value, scalar in zip(self.arg_views, inputs, self.scalars):
+            if view is None:
+                if value != scalar:
+                    raise RuntimeError("the task's non-tensor inputs change from call to call; the environment "
+                                       "holds them constant")
+                continue
+            view.copy_(value)
+        for out in self.out_views:
+            out.fill_(float("nan") if out.is_floating_point() else -7777777)  # a missing output cannot pass
+        self.flusher()  # after the inputs are written: every round starts from cold caches
+        synchronize(self.device)
+
+    def _wait_done(self, thread: threading.Thread) -> int:
+        words, seq = self.control.words, self.seq
+        spins = 0
+        while True:
+            done = words[DONE]
+            if done == seq or done == -seq:
+                return done
+            spins += 1
+            if spins % SPIN_CHECK == 0 and not thread.is_alive():
+                raise ServerGone()
+
+    def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            expected = [o.detach().cpu() for o in _as_list(self.reference(*inputs))]
+        got = [o.cpu() for o in snapshot]
+        meta = [{"device_type": self.device, "expected_device_type": self.device, "contiguous": True}] * len(got)
+        check = check_outputs(len(run.checks), self.task, expected, got, meta)
+        run.checks.append(check)
+        if len(run.kept) < KEPT_OUTPUTS:
+            run.kept.append(got)
+            run.expected.append(expected)
+        if not check.passed:
+            raise RoundsFailed("wrong", f"wrong on round {check.index}: {check.reason}")
+
+    def wait_ready(self, phase: int, thread: threading.Thread) -> None:
+        words = self.control.words
+        while words[READY] not in (phase + 1, -(phase + 1)):
+            if not thread.is_alive():
+                raise ServerGone()
+            time.sleep(0.001)  # model builds take seconds: no need to spin here
+        if words[READY] < 0:
+            secured = bool(words[SECURED])
+            kind, message = _kind_and_message(self.control.message(), "crash")
+            if kind == "infra" and secured:
+                kind = "crash"  # candidate code had run by then: an "infra" claim could be its forgery
+            raise RoundsFailed({"import": "compile_error"}.get(kind, kind), message)
+
+
+class ServerGone(Exception):
+    """The server's process ended while the harness waited on it; its outcome says why."""
+
+
+@dataclass
+class ServerRun:
+    """A sandboxed server started in a thread, and its outcome once the thread ends."""
+
+    thread: threading.Thread
+    box: dict
+
+    @property
+    def outcome(self) -> SandboxOutcome | None:
+        return self.box.get("outcome")
+
+
+def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) -> ServerRun:
+    """The server's sandbox, in a thread (run_sandboxed blocks until the process is gone)."""
+    p = rounds.payload
+    payload = {"task": p["task"], "backend": rounds.backend, "threads": p["threads"], "phases": phases,
+               "control_fd": rounds.control.fd, "slots_fd": rounds.memory.fd, "layout": rounds.layout.to_dict(),
+               "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
+               "seccomp": bool(p.get("seccomp", True)), "detector_rounds": int(p.get("correctness_inputs", 5))}
+    hidden = [] if trusted else [Path(h) for h in p["hidden"]]
+    limits = SandboxLimits(wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]), memory_mb=int(p["memory_mb"]), use_gpu=rounds.device == "cuda",
+                           hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
+                           # The baselines' server writes the shared inductor cache; it runs trusted code only.
+                           skip_isolation=("readonly-root",) if trusted else (), **_cpu_limits(p))
+    env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
+           "TORCHINDUCTOR_CACHE_DIR": str(p["inductor_dir"] if trusted else cwd / ".inductor"),
+           "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
+    for fd in (rounds.control.fd, rounds.memory.fd):
+        os.set_inheritable(fd, True)
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["outcome"] = run_sandboxed(SERVER, msgpack.packb(payload), cwd, limits, env,
+                                           pass_fds=(rounds.control.fd, rounds.memory.fd))
+        except SandboxError as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return ServerRun(thread, box)
+
+
+def _cpu_limits(p: dict) -> dict:
+    cpus = tuple(int(c) for c in p.get("cpus", ()))
+    return {"cpus": cpus} if cpus and "cpus" in SandboxLimits.__dataclass_fields__ else {}
+
+
+def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd: Path, trusted: bool) -> tuple[dict, dict]:
+    """Run a server through its phases; (PhaseRun per phase name, the server's report)."""
+    server = start_server(rounds, [name for name, _, _ in phases], cwd, trusted)
+    runs: dict[str, PhaseRun] = {}
+    failure: RoundsFailed | None = None
+    try:
+        for index, (name, todo, check) in enumerate(phases):
+            rounds.wait_ready(index, server.thread)
+            runs[name] = rounds.run_phase(server.thread, todo, check)
+            rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
+    except RoundsFailed as err:
+        failure = err
+    except ServerGone:
+        pass  # the outcome below says why
+    finally:
+        rounds.control.words[GO] = STOP
+        server.thread.join()
+        rounds.control.words[READY] = 0
+        rounds.control.words[DONE] = 0
+    if "error" in server.box:
+        raise server.box["error"]
+    report = _untrusted_report(server.outcome)
+    report["output"] = server.outcome.output[-4000:]
+    failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True))) or failure
+    if failure is not None:
+        failure.output = report["output"]
+        raise failure
+    if len(runs) < len(phases):
+        raise RoundsFailed("crash", "the server stopped before its rounds were done")
+    return runs, report
+
+
+def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool) -> RoundsFailed | None:
+    """A failure read from how the server's process ended (it beats a failed round: a kill explains it)."""
+    if outcome.signal_name == KILL_SIGNAL and seccomp_on:
+        return RoundsFailed("guard", "[subprocess] tried to start a process or run a program from native code "
+                                     "(fork, exec or system()): the seccomp filter killed it with SIGSYS")
+    if outcome.failure in ("timeout", "out_of_memory"):
+        what = {"timeout": "exceeded its time limit", "out_of_memory": "exceeded the memory limit"}[outcome.failure]
+        return RoundsFailed(outcome.failure, f"the candidate {what}\n{outcome.output[-1500:]}")
+    if outcome.failure == "crash" and failure is None:
+        return RoundsFailed("crash", f"the candidate crashed ({outcome.signal_name or 'exit code ' + str(outcome.returncode)})"
+                                     f"\n{outcome.output[-1500:]}")
+    if failure is None and report.get("error"):
+        return RoundsFailed("crash", f"the server failed ({report.get('stage')}): {report['error']}")
+    return None
+
+
+def _untrusted_report(outcome: SandboxOutcome | None) -> dict:
+    """The server's result channel, as untrusted msgpack: only short strings survive."""
+    try:
+        raw = msgpack.unpackb(outcome.result, strict_map_key=True) if outcome and outcome.result else {}
+    except Exception:
+        raw = {}
+    raw = raw if isinstance(raw, dict) else {}
+    violations = []
+    for v in raw.get("violations", [])[:50] if isinstance(raw.get("violations"), list) else []:
+        if isinstance(v, dict) and isinstance(v.get("guard"), str) and isinstance(v.get("reason"), str):
+            violations.append({"guard": v["guard"][:40], "reason": v["reason"][:400]})
+    text = lambda key: raw.get(key)[:1000] if isinstance(raw.get(key), str) else ""  # noqa: E731
+    return {"violations": violations, "stage": text("stage"), "error": text("error")}
+
+
+def _kind_and_message(message: str, default: str) -> tuple[str, str]:
+    """Split the server's "[kind] text" message; unknown kinds fall back to ``default``."""
+    kind, text = default, message
+    if message.startswith("[") and "]" in message:
+        head, _, rest = message[1:].partition("]")
+        if head in ("wrong", "crash", "import", "infra"):
+            kind, text = head, rest.strip()
+    if kind == "crash" and any(sign in text for sign in OOM_SIGNS):
+        kind = "out_of_memory"
+    return kind, text or "the round failed without a message"
+
+
+def net_timing(samples_ns: list[int], null_ns: list[int]) -> Timing:
+    """Median and IQR of the rounds less the protocol's own cost, in ms."""
+    floor = statistics.median(null_ns)
+    net = [max(MIN_NET_MS, (s - floor) / 1e6) for s in samples_ns]
+    q1, _, q3 = statistics.quantiles(net, n=4) if len(net) > 1 else (net[0],) * 3
+    return Timing(median_ms=statistics.median(net), iqr_ms=q3 - q1, repetitions=len(net))
+
+
+def evaluate_rounds(payload: dict) -> dict:
+    """The whole trusted side of one evaluation; a plain dict for the worker (see run())."""
+    result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
+    rounds = Rounds(payload)
+    warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
+    full = payload["mode"] == "full"
+    if payload.get("baseline"):
+        try:
+            runs, _ = serve_phases(rounds, [("null", warmup + reps, False), ("eager", warmup + reps, False),
+                                            ("compiled", warmup + reps, False)], Path(payload["reference_cwd"]), trusted=True)
+        except RoundsFailed as err:
+            result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
+            return result
+        null = runs["null"].samples_ns[warmup:]
+        for name in ("eager", "compiled"):
+            result[name] = net_timing(runs[name].samples_ns[warmup:], null).__dict__
+    checked = int(payload["correctness_inputs"])
+    # Every round is checked; the first `checked` also run under the fallback detector. Extreme
+    # sets (adversarial_inputs) come right after them; timing reads only the last `reps` rounds.
+    extreme = adversarial(rounds.fresh_inputs(), secrets.randbits(62)) if payload.get("adversarial") else []
+    candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
+    phases = ([("null", warmup + reps, False)] if full else []) + [("candidate", candidate_rounds, True)]
+    try:
+        runs, report = serve_phases(rounds, phases, Path(payload["scratch"]), trusted=False)
+    except RoundsFailed as err:
+        result.update(failure=err.kind, message=str(err), run_log=err.output)
+        return result
+    run = runs["candidate"]
+    result["run_log"] = report["output"]
+    result["checks"] = [c.__dict__ for c in run.checks]
+    result["violations"] = report["violations"]
+    if run.mutated:
+        result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
+    if varies_with_inputs(run.expected) and not varies_with_inputs(run.kept):
+        result.update(failure="wrong", message="the output does not change with the inputs")
+        return result
+    if full:
+        result["candidate"] = net_timing(run.samples_ns[-reps:], runs["null"].samples_ns[warmup:]).__dict__
+    result["ok"] = True
+    return result
+
+
+def _as_list(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def main() -> None:
+    payload = msgpack.unpackb(sys.stdin.buffer.read())
+    out_path = Path(payload["result_path"])
+    try:
+        result = evaluate_rounds(payload)
+    except SandboxError as err:
+        result = {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
+    except Exception as err:  # the harness's own fault (or the task's): never the candidate's
+        result = {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
+    out_path.write_bytes(msgpack.packb(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

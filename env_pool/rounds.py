@@ -1,0 +1,284 @@
+"""The memory of the round protocol: a control block and the input and output slots.
+
+The trusted harness (env_pool/harness.py) and a server (env_pool/serve.py, sandboxed) map the
+same memory. The harness writes each round's fresh inputs into the input slots and its
+sequence number into ``GO``; the server runs the model, copies the outputs into the output
+slots and writes the sequence number into ``DONE``. Both sides spin on these words instead of
+sleeping in a pipe read, so a round's overhead is a few microseconds and nearly constant.
+
+Deliberately shared across the trust boundary: this module holds only the layout. The server's
+copy of it runs in the candidate's reach; the harness relies on nothing the server writes
+except as untrusted data (it stops its own clock on ``DONE`` and verifies every output itself).
+
+Memory: the control block is a sealed memfd (the server cannot shrink it under the harness:
+a SIGBUS there would turn a hack into an infra failure). Slots live in a second memfd on the
+CPU; on a GPU in a CUDA VMM allocation exported as a POSIX file descriptor, because legacy
+CUDA IPC handles do not work across PID namespaces and the server runs in one of its own.
+Both are passed to the server by inheritance (``run_sandboxed(pass_fds=...)``), and both hold
+nothing but the slots: a server that writes anywhere it can reach touches only round data.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import mmap
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+# Control words (int64 each) in the control block. SECURED: set by the server once the seccomp
+# filter is in and the guards are armed, before candidate code loads; an "infra" complaint after
+# it may be the candidate's forgery, before it cannot be (no candidate code had run).
+GO, DONE, READY, SECURED = 0, 1, 2, 3
+STOP = -1  # GO: leave the server's loop and exit
+CONTROL_BYTES = 4096
+MESSAGE_AT, MESSAGE_BYTES = 1024, 3072  # the server's last error text (untrusted, for messages only)
+ALIGN = 256  # slot alignment: enough for vectorised loads on both backends
+
+
+def next_phase(phase: int) -> int:
+    """GO's value that ends ``phase`` (negative, distinct from every round and from STOP)."""
+    return -(1000 + phase)
+
+
+@dataclass
+class Slot:
+    """One tensor in the slot memory."""
+
+    offset: int
+    shape: list[int]
+    dtype: str  # torch dtype name without the prefix, e.g. "float32"
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+@dataclass
+class Layout:
+    """Where every forward argument and output lives; scalars travel as values."""
+
+    args: list[dict[str, Any]]  # each {"slot": Slot-as-dict} or {"value": a constant non-tensor argument}
+    outputs: list[Slot]
+    size: int
+    device: str  # "cpu" or "cuda"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+        args = [{"slot": Slot(**a["slot"])} if "slot" in a else {"value": a["value"]} for a in d["args"]]
+        return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"],
+                   extra=dict(d.get("extra", {})))
+
+
+def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str) -> Layout:
+    """A layout for a task's forward arguments and its reference outputs (shapes, dtypes, count)."""
+    offset = 0
+    args: list[dict[str, Any]] = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            slot = Slot(offset, list(value.shape), str(value.dtype).removeprefix("torch."))
+            args.append({"slot": slot})
+            offset = _align(offset + slot.nbytes)
+        else:
+            args.append({"value": value})
+    outs = []
+    for value in outputs:
+        slot = Slot(offset, list(value.shape), str(value.dtype).removeprefix("torch."))
+        outs.append(slot)
+        offset = _align(offset + slot.nbytes)
+    return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device)
+
+
+class Control:
+    """The control block as int64 words, mapped from a memfd."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.map = mmap.mmap(fd, CONTROL_BYTES)
+        self.words = memoryview(self.map).cast("q")
+
+    @classmethod
+    def create(cls) -> "Control":
+        fd = _sealed_memfd("cuda-agent-control", CONTROL_BYTES)
+        return cls(fd)
+
+    def message(self) -> str:
+        raw = bytes(self.map[MESSAGE_AT:MESSAGE_AT + MESSAGE_BYTES]).split(b"\0", 1)[0]
+        return raw.decode("utf-8", errors="replace")
+
+    def set_message(self, text: str) -> None:
+        data = text.encode("utf-8", errors="replace")[:MESSAGE_BYTES - 1] + b"\0"
+        self.map[MESSAGE_AT:MESSAGE_AT + len(data)] = data
+
+    def close(self) -> None:
+        self.words.release()
+        self.map.close()
+
+
+class SlotMemory:
+    """The slots' memory: a memfd on the CPU, an fd-exported CUDA VMM allocation on a GPU."""
+
+    def __init__(self, fd: int, size: int, device: str, owner: bool):
+        self.fd, self.size, self.device = fd, size, device
+        if device == "cpu":
+            self._map = mmap.mmap(fd, size)
+            self.base = torch.frombuffer(self._map, dtype=torch.uint8, count=size)
+        else:
+            self._vmm = _Vmm(fd, size, owner)
+            self.base = self._vmm.tensor()
+
+    @classmethod
+    def create(cls, size: int, device: str) -> "SlotMemory":
+        if device == "cpu":
+            return cls(_sealed_memfd("cuda-agent-slots", size), size, device, owner=True)
+        fd, size = _Vmm.export(size)
+        return cls(fd, size, device, owner=True)
+
+    @classmethod
+    def attach(cls, fd: int, size: int, device: str) -> "SlotMemory":
+        return cls(fd, size, device, owner=False)
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        """A tensor of its own over the slot's bytes: no version counter shared with other slots."""
+        if self.device == "cpu":
+            raw = torch.frombuffer(self._map, dtype=torch.uint8, count=slot.nbytes, offset=slot.offset)
+        else:
+            raw = torch.as_tensor(_CudaArray(self._vmm.ptr.value + slot.offset, slot.nbytes), device="cuda")
+        return raw.view(slot.torch_dtype).view(slot.shape)
+
+    def close(self) -> None:
+        self.base = None
+        if self.device == "cpu":
+            try:
+                self._map.close()
+            except BufferError:  # a view still alive somewhere: the mapping goes with the process
+                pass
+        else:
+            self._vmm.close()
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _sealed_memfd(name: str, size: int) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+# ----------------------------------------------------------------------------- CUDA VMM
+
+_CU_MEM_ALLOCATION_TYPE_PINNED = 1
+_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+_CU_MEM_LOCATION_TYPE_DEVICE = 1
+_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _AllocProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+class _CudaArray:
+    """A raw device range as __cuda_array_interface__, so torch can view it without a copy."""
+
+    def __init__(self, ptr: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+class _Vmm:
+    """One CUDA VMM allocation mapped into this process, shareable by file descriptor."""
+
+    _lib: Any = None
+
+    def __init__(self, fd: int, size: int, owner: bool):
+        cu = self.driver()
+        torch.zeros(1, device="cuda")  # the primary context, current on this thread
+        self.size, self.owner = size, owner
+        self.handle = ctypes.c_ulonglong()
+        _check(cu.cuMemImportFromShareableHandle(ctypes.byref(self.handle), ctypes.c_void_p(fd),
+                                                 _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")
+        self.ptr = ctypes.c_ulonglong()
+        _check(cu.cuMemAddressReserve(ctypes.byref(self.ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                                      ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        _check(cu.cuMemMap(self.ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), self.handle, ctypes.c_ulonglong(0)), "cuMemMap")
+        access = _AccessDesc(_Location(_CU_MEM_LOCATION_TYPE_DEVICE, _device_ordinal()), _CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        _check(cu.cuMemSetAccess(self.ptr, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "cuMemSetAccess")
+
+    @classmethod
+    def driver(cls):
+        if cls._lib is None:
+            cls._lib = ctypes.CDLL("libcuda.so.1")
+        return cls._lib
+
+    @classmethod
+    def export(cls, size: int) -> tuple[int, int]:
+        """A new allocation of at least ``size`` bytes on the current device: (fd, rounded size)."""
+        cu = cls.driver()
+        torch.zeros(1, device="cuda")
+        prop = _AllocProp(_CU_MEM_ALLOCATION_TYPE_PINNED, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                          _Location(_CU_MEM_LOCATION_TYPE_DEVICE, _device_ordinal()), None, _AllocFlags())
+        gran = ctypes.c_size_t()
+        _check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), _CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+               "cuMemGetAllocationGranularity")
+        size = (size + gran.value - 1) // gran.value * gran.value
+        handle = ctypes.c_ulonglong()
+        _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
+        fd = ctypes.c_int(-1)
+        _check(cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                               ctypes.c_ulonglong(0)), "cuMemExportToShareableHandle")
+        cu.cuMemRelease(handle)  # the fd and the mappings made from it keep the memory alive
+        return fd.value, size
+
+    def tensor(self) -> torch.Tensor:
+        return torch.as_tensor(_CudaArray(self.ptr.value, self.size), device="cuda")
+
+    def close(self) -> None:
+        cu = self.driver()
+        torch.cuda.synchronize()
+        cu.cuMemUnmap(self.ptr, ctypes.c_size_t(self.size))
+        cu.cuMemAddressFree(self.ptr, ctypes.c_size_t(self.size))
+        cu.cuMemRelease(self.handle)
+
+
+def _device_ordinal() -> int:
+    return torch.cuda.current_device()
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUresult {status}")

@@ -1,0 +1,269 @@
+"""A model server in a sandboxed process: ``python -P -m env_pool.serve``, payload on stdin.
+
+UNTRUSTED SIDE. The candidate's code runs in this process, so everything here is in its reach
+and nothing it produces is believed: the trusted harness (env_pool/harness.py) times every
+round on its own clock, writes every input, and verifies every output. This module only serves.
+
+It serves its phases in order (payload ``phases``), each over the shared rounds memory
+(env_pool/rounds.py): for each phase it builds the model, sets READY, then per round waits
+for GO, runs forward on the input slots, copies the outputs into the output slots and sets
+DONE. Phases:
+
+- ``null``: returns ready-made outputs of the right shapes: the protocol's own cost (wake-up,
+  output copy, synchronisation), which the harness subtracts from every other phase. It always
+  runs first, before any candidate code is loaded.
+- ``eager`` / ``compiled``: the task's reference, as is or under torch.compile (the baselines;
+  only in a server that runs no candidate code).
+- ``candidate``: the candidate's ModelNew, with the reference's weights, after the runner's
+  guards are armed and the seccomp filter installed. The guards are diagnostics with clear
+  messages (their violations come back on the result channel and can only fail a candidate);
+  the first ``detector_rounds`` rounds run under the torch-op fallback detector.
+
+What it reports on the result channel (violations, the failing stage, an error) and in the
+control block's message area is read by the harness as untrusted text.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import torch
+
+from env_pool import guards, seccomp
+from env_pool.inputs import make_model
+from env_pool.profile import synchronize
+from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, Layout, SlotMemory
+from env_pool.sandbox import child_result_channel
+from tasks.task import Task, build_problem
+
+SOLUTION_MODULE = "model_new"
+
+
+class RoundError(Exception):
+    """A failure with its kind: "wrong" (shape, dtype, count, device), "import", "crash" or "infra"."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def setup_torch(payload: dict) -> tuple[Task, str]:
+    torch.set_num_threads(int(payload.get("threads", 1)))
+    # Full float32 on the GPU: TF32 convolutions and matmuls miss a 1e-4 tolerance by 4-77x,
+    # which would fail correct float32 kernels against the reference.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return Task.from_dict(payload["task"]), "cuda" if payload["backend"] == "cuda" else "cpu"
+
+
+def serve(payload: dict, report: dict) -> None:
+    task, device = setup_torch(payload)
+    ctrl = Control(int(payload["control_fd"]))
+    layout = Layout.from_dict(payload["layout"])
+    memory = SlotMemory.attach(int(payload["slots_fd"]), layout.size, device)
+    args = [memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.args]
+    outs = [memory.view(s) for s in layout.outputs]
+    problem = build_problem(task, payload["backend"])
+    for index, phase in enumerate(payload["phases"]):
+        report["stage"] = f"build {phase}"
+        try:
+            model, armed = _build(phase, payload, problem, device, outs, report, ctrl)
+        except Exception as err:
+            kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
+            ctrl.set_message(f"[{kind}] {short_error(err)}")
+            ctrl.words[READY] = -(index + 1)
+            return
+        ctrl.words[READY] = index + 1
+        report["stage"] = f"serve {phase}"
+        detector = int(payload.get("detector_rounds", 0)) if armed is not None else 0
+        threads = report["_guards"][2] if armed is not None else None
+        if _serve_rounds(ctrl, model, args, outs, device, armed, threads, detector) == STOP:
+            return
+
+
+def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Tensor], report: dict, ctrl: Control):
+    """(the callable to serve, the guard state when candidate code is loaded, else None)."""
+    if phase == "null":
+        ready = [torch.zeros_like(o) for o in outs]
+        return (lambda *_: ready), None
+    if phase in ("eager", "compiled"):
+        model = make_model(problem, payload["init_seed"], device)
+        if phase == "compiled":
+            mode = payload.get("compile_mode", "default")
+            model = torch.compile(model, mode=None if mode == "default" else mode)
+        return model, None
+    if phase == "candidate":
+        return _build_candidate(payload, problem, device, report, ctrl)
+    raise ValueError(f"unknown phase {phase!r}")
+
+
+def _build_candidate(payload: dict, problem, device: str, report: dict, ctrl: Control):
+    reference = make_model(problem, payload["init_seed"], device)
+    state_dict = {k: v.clone() for k, v in reference.state_dict().items()}
+    del reference
+    poison_freed_memory(device)
+    use_prebuilt_extensions()
+    if payload.get("seccomp", True):
+        try:
+            seccomp.forbid_processes()
+        except OSError as err:  # the environment's fault: the harness reports it as infra
+            raise RoundError("infra", f"could not install the seccomp filter: {err}") from err
+    scratch = Path.cwd()
+    state = guards.install(scratch)
+    report["_guards"] = (state, guards.snapshot_watched(), guards.live_threads())
+    guards.forget_environment_modules()
+    state.armed = True
+    ctrl.words[SECURED] = 1
+    try:
+        module = load_solution(scratch)
+    except Exception as err:
+        raise RoundError("import", short_error(err)) from err
+    if not hasattr(module, "ModelNew"):
+        raise RoundError("import", "model_new.py does not define ModelNew")
+    torch.manual_seed(payload["init_seed"])
+    model = module.ModelNew(*problem.get_init_inputs()).to(device).eval()
+    copy_matching_weights(model, state_dict)
+    return model, state
+
+
+def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.Tensor], device: str,
+                  state: guards.GuardState | None, threads: set[int] | None, detector_rounds: int) -> int:
+    """Serve rounds until GO asks for the next phase or to stop; returns that GO value."""
+    words = ctrl.words
+    last, served = words[GO], 0  # GO still holds the previous phase's end: wait for a change from it
+    while True:
+        go = words[GO]
+        while go == last:  # a spin, not a blocking read: wake-up in well under a microsecond
+            go = words[GO]
+        last = go
+        if go < 0:
+            return go
+        checked = state is not None and served < detector_rounds
+        try:
+            with torch.no_grad(), (guards.FallbackDetector(state) if checked else contextlib.nullcontext()):
+                produced = model(*args)
+            _deliver(produced, outs, device)
+            synchronize(device)
+            if state is not None:
+                guards.check_threads(state, threads)
+            words[DONE] = go
+        except Exception as err:
+            kind = err.kind if isinstance(err, RoundError) else "crash"
+            ctrl.set_message(f"[{kind}] {short_error(err)}")
+            words[DONE] = -go
+        served += 1
+
+
+def _deliver(produced: Any, outs: list[torch.Tensor], device: str) -> None:
+    got = list(produced) if isinstance(produced, (tuple, list)) else [produced]
+    if len(got) != len(outs):
+        raise RoundError("wrong", f"returned {len(got)} output(s), the reference returns {len(outs)}")
+    for k, (value, slot) in enumerate(zip(got, outs)):
+        where = f"output {k}" if len(outs) > 1 else "output"
+        if not isinstance(value, torch.Tensor):
+            raise RoundError("wrong", f"{where} is a {type(value).__name__}, expected a tensor")
+        if tuple(value.shape) != tuple(slot.shape):
+            raise RoundError("wrong", f"{where} has shape {list(value.shape)}, expected {list(slot.shape)}")
+        if value.dtype != slot.dtype:
+            raise RoundError("wrong", f"{where} has dtype {value.dtype}, expected {slot.dtype}")
+        if value.device.type != device:
+            raise RoundError("wrong", f"{where} is on {value.device.type}, expected {device}")
+        if not value.is_contiguous():
+            raise RoundError("wrong", f"{where} is not contiguous; return a contiguous tensor as the reference does")
+        slot.copy_(value)
+
+
+# ----------------------------------------------------------------------------- candidate helpers
+# Also used by env_pool/runner.py (the load_inline import step and the ncu run).
+
+def load_solution(scratch: Path) -> Any:
+    # Last on the path (the server starts with -P): the solution may import its own helper
+    # modules, but none of them can shadow an installed one.
+    if str(scratch) not in sys.path:
+        sys.path.append(str(scratch))
+    spec = importlib.util.spec_from_file_location(SOLUTION_MODULE, scratch / f"{SOLUTION_MODULE}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SOLUTION_MODULE] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def use_prebuilt_extensions() -> None:
+    """Make load_inline load what the import step built, without running ninja or a compiler.
+
+    In a fresh process load_inline always calls its build function (its version table lives in
+    memory), which starts ninja and queries the compiler: processes, which the candidate's
+    process may not start. The build already happened in the import child, under the compile
+    time limit, in the same TORCH_EXTENSIONS_DIR; here only its library is loaded.
+    """
+    from torch.utils import cpp_extension
+
+    def load_prebuilt(name: str, build_directory: str, **_: Any) -> None:
+        if not os.path.exists(os.path.join(build_directory, f"{name}{cpp_extension.LIB_EXT}")):
+            raise RuntimeError(f"extension {name!r} was not built by the compile step: its sources changed between the "
+                               "compile step and the run (load_inline sources must not depend on run-time state)")
+
+    cpp_extension._write_ninja_file_and_build_library = load_prebuilt
+
+
+def copy_matching_weights(model: torch.nn.Module, reference_state: dict[str, torch.Tensor]) -> None:
+    own = model.state_dict()
+    matching = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(matching, strict=False)
+
+
+def poison_freed_memory(device: str) -> None:
+    """Fill memory the reference freed with NaN, so a candidate returning uninitialised buffers cannot pass."""
+    gc.collect()
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        poison = torch.empty(int(free * 0.5) // 4, dtype=torch.float32, device="cuda").fill_(float("nan"))
+        del poison
+    else:
+        for size in (2**16, 2**20, 2**22):  # below and above glibc's mmap threshold
+            blocks = [torch.full((size,), float("nan")) for _ in range(8)]
+            del blocks
+
+
+def short_error(err: BaseException) -> str:
+    # lookup_lines=False: reading source files here would trip the armed filesystem guard.
+    frames = traceback.StackSummary.extract(traceback.walk_tb(err.__traceback__), lookup_lines=False)
+    where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)
+                  if SOLUTION_MODULE in f.filename or "kernel" in f.filename), "")
+    return f"{type(err).__name__}: {str(err).strip()[:800]}" + (f" (at {where})" if where else "")
+
+
+def _finish(report: dict) -> dict:
+    armed = report.pop("_guards", None)
+    if armed is not None:
+        state, watched, _ = armed
+        state.armed = False
+        guards.check_tamper(state, watched)
+        report["violations"] = [v.__dict__ for v in state.violations]
+    return report
+
+
+def main() -> None:
+    payload = msgpack.unpackb(sys.stdin.buffer.read())
+    channel = child_result_channel()  # opened before any candidate code runs
+    report: dict[str, Any] = {"violations": [], "stage": "start", "error": ""}
+    try:
+        serve(payload, report)
+    except Exception as err:
+        report["error"] = short_error(err)
+    channel.write(msgpack.packb(_finish(report)))
+    channel.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip atexit and finalizers: nothing the candidate registered runs after the report
+
+
+if __name__ == "__main__":
+    main()
