@@ -222,9 +222,9 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     result.run_log = str(verdict.get("run_log", ""))[-4000:]
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
-    if verdict.get("failure"):
+    if verdict.get("failure") and not result.violations:
         return _set_failure(result, verdict["failure"], verdict.get("message", ""))
-    if result.violations:
+    if result.violations:  # a guard's reason explains a failure best (an import it refused, say)
         return _set_failure(result, "guard", "rejected: " + "; ".join(f"[{v.guard}] {v.reason}" for v in result.violations))
     if not verdict.get("ok") or not result.checks:
         return _set_failure(result, "infra", "the harness returned no verdict")

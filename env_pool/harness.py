@@ -64,6 +64,7 @@ class RoundsFailed(Exception):
         super().__init__(message)
         self.kind = kind
         self.output = output  # the server's stdout and stderr, trimmed
+        self.violations: list[dict] = []  # what the server's guards flagged (untrusted: they can only fail it)
 
 
 @dataclass
@@ -158,9 +159,11 @@ class Rounds:
                 raise ServerGone()
 
     def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor]) -> None:
+        # On the device: every round is checked, and a 128 MB output compared in float64 on the
+        # host costs seconds a round (40 rounds of a level-1 GPU preset ran past the time limit).
         with torch.no_grad():
-            expected = [o.detach().cpu() for o in _as_list(self.reference(*inputs))]
-        got = [o.cpu() for o in snapshot]
+            expected = [o.detach() for o in _as_list(self.reference(*inputs))]
+        got = snapshot
         meta = [{"device_type": self.device, "expected_device_type": self.device, "contiguous": True}] * len(got)
         check = check_outputs(len(run.checks), self.task, expected, got, meta)
         run.checks.append(check)
@@ -206,7 +209,7 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
     payload = {"task": p["task"], "backend": rounds.backend, "threads": p["threads"], "phases": phases,
                "control_fd": rounds.control.fd, "slots_fd": rounds.memory.fd, "layout": rounds.layout.to_dict(),
                "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
-               "seccomp": bool(p.get("seccomp", True)), "detector_rounds": int(p.get("correctness_inputs", 5))}
+               "seccomp": bool(p.get("seccomp", True)), "watched": not trusted}
     hidden = [] if trusted else [Path(h) for h in p["hidden"]]
     limits = SandboxLimits(wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]), memory_mb=int(p["memory_mb"]), use_gpu=rounds.device == "cuda",
                            hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
@@ -214,6 +217,9 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
                            skip_isolation=("readonly-root",) if trusted else (), **_cpu_limits(p))
     env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
            "TORCHINDUCTOR_CACHE_DIR": str(p["inductor_dir"] if trusted else cwd / ".inductor"),
+           # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
+           # baseline that compiles in seconds in-process.
+           "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
     for fd in (rounds.control.fd, rounds.memory.fd):
         os.set_inheritable(fd, True)
@@ -261,7 +267,7 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
     report["output"] = server.outcome.output[-4000:]
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True))) or failure
     if failure is not None:
-        failure.output = report["output"]
+        failure.output, failure.violations = report["output"], report["violations"] + failure.violations
         raise failure
     if len(runs) < len(phases):
         raise RoundsFailed("crash", "the server stopped before its rounds were done")
@@ -271,8 +277,11 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
 def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool) -> RoundsFailed | None:
     """A failure read from how the server's process ended (it beats a failed round: a kill explains it)."""
     if outcome.signal_name == KILL_SIGNAL and seccomp_on:
-        return RoundsFailed("guard", "[subprocess] tried to start a process or run a program from native code "
-                                     "(fork, exec or system()): the seccomp filter killed it with SIGSYS")
+        reason = ("tried to start a process or run a program from native code (fork, exec or system()): "
+                  "the seccomp filter killed it with SIGSYS")
+        killed = RoundsFailed("guard", f"rejected: [subprocess] {reason}")
+        killed.violations = [{"guard": "subprocess", "reason": reason}]
+        return killed
     if outcome.failure in ("timeout", "out_of_memory"):
         what = {"timeout": "exceeded its time limit", "out_of_memory": "exceeded the memory limit"}[outcome.failure]
         return RoundsFailed(outcome.failure, f"the candidate {what}\n{outcome.output[-1500:]}")
@@ -336,15 +345,15 @@ def evaluate_rounds(payload: dict) -> dict:
         for name in ("eager", "compiled"):
             result[name] = net_timing(runs[name].samples_ns[warmup:], null).__dict__
     checked = int(payload["correctness_inputs"])
-    # Every round is checked; the first `checked` also run under the fallback detector. Extreme
-    # sets (adversarial_inputs) come right after them; timing reads only the last `reps` rounds.
+    # Every round is checked (and watched by the server's fallback detector). Extreme sets
+    # (adversarial_inputs) come after the first `checked`; timing reads only the last `reps` rounds.
     extreme = adversarial(rounds.fresh_inputs(), secrets.randbits(62)) if payload.get("adversarial") else []
     candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
     phases = ([("null", warmup + reps, False)] if full else []) + [("candidate", candidate_rounds, True)]
     try:
         runs, report = serve_phases(rounds, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:
-        result.update(failure=err.kind, message=str(err), run_log=err.output)
+        result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
     run = runs["candidate"]
     result["run_log"] = report["output"]

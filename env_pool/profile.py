@@ -7,6 +7,7 @@ so a candidate that replaces ``time.perf_counter`` does not change these clocks.
 """
 from __future__ import annotations
 
+import ctypes
 import statistics
 from time import perf_counter as _clock
 from typing import Callable, Sequence
@@ -21,14 +22,31 @@ FLUSH_BYTES = 256 * 2**20
 
 
 class CacheFlusher:
-    """Evicts caches between repetitions by writing a buffer larger than them."""
+    """Evicts caches between repetitions by writing a buffer larger than them.
+
+    On a GPU, persisting L2 lines (a candidate's cudaLimitPersistingL2CacheSize and access-policy
+    window) are first reset to normal: ordinary writes do not evict lines marked persisting.
+    """
 
     def __init__(self, device: str):
         self.device = device
         self.buffer = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+        self.reset_persisting = _persisting_l2_reset() if device == "cuda" else None
 
     def __call__(self) -> None:
+        if self.reset_persisting is not None:
+            self.reset_persisting()
         self.buffer.fill_(1.0)  # a write touches every line, on the GPU's L2 and the CPU's caches alike
+
+
+def _persisting_l2_reset():
+    """cudaCtxResetPersistingL2Cache of the CUDA runtime torch loaded, or None where it cannot be found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "libcudart.so" in line)
+        return ctypes.CDLL(path).cudaCtxResetPersistingL2Cache
+    except (OSError, StopIteration, AttributeError):
+        return None
 
 
 def synchronize(device: str) -> None:

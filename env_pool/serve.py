@@ -17,7 +17,8 @@ DONE. Phases:
 - ``candidate``: the candidate's ModelNew, with the reference's weights, after the runner's
   guards are armed and the seccomp filter installed. The guards are diagnostics with clear
   messages (their violations come back on the result channel and can only fail a candidate);
-  the first ``detector_rounds`` rounds run under the torch-op fallback detector.
+  every round runs under the torch-op fallback detector (the null phase too, so that its
+  cost is part of what the harness subtracts).
 
 What it reports on the result channel (violations, the failing stage, an error) and in the
 control block's message area is read by the harness as untrusted text.
@@ -82,17 +83,20 @@ def serve(payload: dict, report: dict) -> None:
             return
         ctrl.words[READY] = index + 1
         report["stage"] = f"serve {phase}"
-        detector = int(payload.get("detector_rounds", 0)) if armed is not None else 0
+        # Every round of a candidate's server runs under the fallback detector, the null phase's
+        # too (with a state of its own), so the detector's cost is in the subtracted protocol cost.
+        watch = armed if armed is not None else (guards.GuardState(Path.cwd(), ()) if payload.get("watched") else None)
         threads = report["_guards"][2] if armed is not None else None
-        if _serve_rounds(ctrl, model, args, outs, device, armed, threads, detector) == STOP:
+        if _serve_rounds(ctrl, model, args, outs, device, watch, threads) == STOP:
             return
 
 
 def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Tensor], report: dict, ctrl: Control):
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
-        ready = [torch.zeros_like(o) for o in outs]
-        return (lambda *_: ready), None
+        # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op
+        # each in a candidate's server, where every round runs under the detector), then copied out.
+        return (lambda *_: [torch.empty_like(o) for o in outs]), None
     if phase in ("eager", "compiled"):
         model = make_model(problem, payload["init_seed"], device)
         if phase == "compiled":
@@ -134,10 +138,14 @@ def _build_candidate(payload: dict, problem, device: str, report: dict, ctrl: Co
 
 
 def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.Tensor], device: str,
-                  state: guards.GuardState | None, threads: set[int] | None, detector_rounds: int) -> int:
-    """Serve rounds until GO asks for the next phase or to stop; returns that GO value."""
+                  state: guards.GuardState | None, threads: set[int] | None) -> int:
+    """Serve rounds until GO asks for the next phase or to stop; returns that GO value.
+
+    With a guard state, every round runs under the torch-op fallback detector: a detector on
+    some rounds only would be seen (the dispatch-mode stack is readable) and dodged.
+    """
     words = ctrl.words
-    last, served = words[GO], 0  # GO still holds the previous phase's end: wait for a change from it
+    last = words[GO]  # GO still holds the previous phase's end: wait for a change from it
     while True:
         go = words[GO]
         while go == last:  # a spin, not a blocking read: wake-up in well under a microsecond
@@ -145,20 +153,18 @@ def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.T
         last = go
         if go < 0:
             return go
-        checked = state is not None and served < detector_rounds
         try:
-            with torch.no_grad(), (guards.FallbackDetector(state) if checked else contextlib.nullcontext()):
+            with torch.no_grad(), (guards.FallbackDetector(state) if state is not None else contextlib.nullcontext()):
                 produced = model(*args)
             _deliver(produced, outs, device)
             synchronize(device)
-            if state is not None:
+            if threads is not None:
                 guards.check_threads(state, threads)
             words[DONE] = go
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else "crash"
             ctrl.set_message(f"[{kind}] {short_error(err)}")
             words[DONE] = -go
-        served += 1
 
 
 def _deliver(produced: Any, outs: list[torch.Tensor], device: str) -> None:

@@ -16,14 +16,12 @@ from env_pool.compile import compile_kernel
 from env_pool.pool import EnvPool
 from env_pool.results import EvalResult, Milestone
 from tasks.loader import load_tasks
-
-CORPUS = Path(__file__).parent / "env_corpus"
+from tests.corpus_cases import CORPUS, files_of, load_cases, meets, verdicts
 
 
 def cases(kind: str) -> list:
     params = []
-    for folder in sorted((CORPUS / kind).iterdir()):
-        case = json.loads((folder / "case.json").read_text())
+    for folder, case in load_cases(kind):
         marks = [pytest.mark.slow] if case.get("slow") else []
         marks += [pytest.mark.gpu] if case["backend"] == "cuda" else []
         if case.get("hard"):
@@ -45,10 +43,6 @@ def pools(tmp_path_factory) -> dict[str, EnvPool]:
 def tasks() -> dict:
     loaded, _ = load_tasks()
     return {t.id: t for t in loaded}
-
-
-def files_of(folder: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
 
 
 def evaluate(pools, tasks, folder: Path, case: dict, mode: str):
@@ -75,23 +69,15 @@ def test_legitimate_kernel_is_timed_against_both_baselines(pools, tasks, name: s
         assert timing is not None and timing.median_ms > 0 and timing.repetitions == 5
 
 
-def meets(result: EvalResult, verdict: dict) -> bool:
-    """A failure of the named kind (and guard), or, for {"max_milestone": N}, no milestone above N."""
-    if "max_milestone" in verdict:
-        return result.milestone <= verdict["max_milestone"]
-    guards = {v.guard for v in result.violations}
-    return result.failure == verdict["failure"] and verdict.get("guard") in (None, *guards)
-
-
 @pytest.mark.parametrize("folder, case", cases("hacks"))
 def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case: dict):
     result = evaluate(pools, tasks, folder, case, case.get("mode", "verify"))
-    verdicts = [case["expect"], *case.get("also_ok", [])]  # e.g. a side thread may be caught as a thread or as wrong
+    acceptable = verdicts(case)
     got = {"failure": result.failure, "guards": sorted({v.guard for v in result.violations}), "milestone": int(result.milestone)}
-    assert any(meets(result, v) for v in verdicts), (
-        f"{folder.name}: expected one of {verdicts}, got {got}: {result.message}\n{result.run_log[-1500:]}"
+    assert any(meets(result, v) for v in acceptable), (
+        f"{folder.name}: expected one of {acceptable}, got {got}: {result.message}\n{result.run_log[-1500:]}"
     )
-    if all("failure" in v for v in verdicts):
+    if all("failure" in v for v in acceptable):
         assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
 
 

@@ -1,0 +1,35 @@
+"""The corpus's cases as data: where they are, what each expects, and whether a result meets it.
+
+Shared by tests/test_env_corpus.py and scripts/bench_integrity.py (which runs the cuda cases on a GPU).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = Path(__file__).parent / "env_corpus"
+
+
+def load_cases(kind: str) -> list[tuple[Path, dict]]:
+    """(folder, case.json) of every case under env_corpus/<kind>, sorted by name."""
+    return [(folder, json.loads((folder / "case.json").read_text())) for folder in sorted((CORPUS / kind).iterdir())
+            if (folder / "case.json").exists()]
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
+
+
+def verdicts(case: dict) -> list:
+    """Every acceptable verdict: expect, then also_ok (a side thread may be caught as a thread or as wrong)."""
+    return [case["expect"], *case.get("also_ok", [])]
+
+
+def meets(result, verdict) -> bool:
+    """"pass"; a failure of the named kind (and guard); or, for {"max_milestone": N}, no milestone above N."""
+    if verdict == "pass":
+        return result.failure is None and int(result.milestone) >= 1 and not result.violations
+    if "max_milestone" in verdict:
+        return int(result.milestone) <= verdict["max_milestone"]
+    guards = {v.guard for v in result.violations}
+    return result.failure == verdict["failure"] and verdict.get("guard") in (None, *guards)
