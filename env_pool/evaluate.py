@@ -4,8 +4,8 @@ The steps, and who decides what:
 1. compile: the fast path (kernel.cpp / kernel.cu, no torch headers) in a sandboxed compiler,
    or, for a KernelBench-style solution, an import in a sandboxed child under the compile time
    limit that runs its load_inline build.
-2. the harness (env_pool/harness.py, a trusted process: no candidate code runs in it) holds
-   the device's timing lane for the whole run. It times the eager and torch.compile baselines
+2. the worker's harness (env_pool/harness.py: a trusted process, kept warm; no candidate code
+   runs in it) holds the device's timing lane for the whole run. It times the eager and torch.compile baselines
    in a trusted server (once per task per worker), then serves the candidate's server
    (env_pool/serve.py, sandboxed) round after round: fresh inputs every round, its own clock,
    every output verified against the reference it runs itself.
@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any, Mapping
 import msgpack
 
 from env_pool.compile import BACKENDS, compile_kernel
+from env_pool.harness_process import HarnessProcess
 from env_pool.results import EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
@@ -39,9 +39,8 @@ SOLUTION_FILE = "model_new.py"
 # -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
 # torch.py cannot replace what the runner imports before its guards are armed.
 RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
-HARNESS = [sys.executable, "-m", "env_pool.harness"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
-HARNESS_START_S = 120.0  # the harness's own start (torch, CUDA, the reference) on top of its servers' limits
+HARNESS_START_S = 120.0  # a (re)start of the harness (torch, CUDA, the reference) on top of its servers' limits
 
 
 @dataclass
@@ -65,6 +64,16 @@ class EvalContext:
     lane: asyncio.Lock = field(default_factory=asyncio.Lock)  # one timed run per device at a time
     unhealthy: str = ""  # why the device is unusable (set by env_pool/device_watch.py); empty while healthy
     after_timeout: Any = None  # async callable run, lane still held, when a timed run times out (device_watch.py)
+    _harness: HarnessProcess | None = None
+
+    @property
+    def harness(self) -> HarnessProcess:
+        """The worker's trusted harness, started on first use; it spins on CPUs other than the servers'."""
+        if self._harness is None:
+            _, own = split_cpus(int(self.cfg.threads))
+            self._harness = HarnessProcess(self.work_dir / "harness.log", own,
+                                           {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        return self._harness
 
     @contextlib.asynccontextmanager
     async def timing_lane(self):
@@ -165,9 +174,9 @@ def split_cpus(threads: int) -> tuple[list[int], list[int]]:
 
 
 async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict:
-    """Run the trusted harness (a plain child: trusted code, which must build sandboxes of its own)."""
+    """One request to the worker's warm trusted harness (env_pool/harness_process.py)."""
     cfg = ctx.cfg
-    servers, own = split_cpus(int(cfg.threads))
+    servers, _ = split_cpus(int(cfg.threads))
     required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if backend == "cpp" else [])
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
                "threads": int(cfg.threads), "cpus": servers, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
@@ -175,27 +184,9 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "memory_mb": int(cfg.memory_limit_mb),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
-               "hidden": [str(ctx.reference_dir)], "required_isolation": required,
-               "result_path": str(private / "verdict.msgpack")}
+               "hidden": [str(ctx.reference_dir)], "required_isolation": required}
     limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
-    env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = await asyncio.create_subprocess_exec(*HARNESS, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, cwd=str(private), env=env,
-                                                start_new_session=True)
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(proc.pid, own)
-    try:
-        output, _ = await asyncio.wait_for(proc.communicate(msgpack.packb(payload)), timeout=limit)
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        return {"failure": "infra", "message": f"the harness did not finish in {limit:g} s"}
-    verdict_file = private / "verdict.msgpack"
-    if not verdict_file.exists():
-        tail = output.decode(errors="replace")[-2000:]
-        return {"failure": "infra", "message": f"the harness exited ({proc.returncode}) without a verdict:\n{tail}"}
-    return msgpack.unpackb(verdict_file.read_bytes())
+    return await asyncio.to_thread(ctx.harness.request, payload, limit)
 
 
 async def _import_child(ctx, backend, scratch) -> SandboxOutcome:

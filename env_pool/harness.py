@@ -1,7 +1,7 @@
 """The trusted harness: drives one evaluation's rounds, keeps the clock, verifies every output.
 
-TRUSTED SIDE. No candidate code ever runs in this process (``python -m env_pool.harness``,
-started by env_pool/evaluate.py). It decides every number the reward uses:
+TRUSTED SIDE. No candidate code ever runs in this process (``python -m env_pool.harness --serve``,
+kept warm by env_pool/harness_process.py, one per worker). It decides every number the reward uses:
 
 - inputs: fresh contents for every round, from seeds drawn here and never sent anywhere;
   written into the shared input slots (the same addresses every round, new contents);
@@ -82,7 +82,7 @@ class Rounds:
     """Fresh inputs, the reference, and the shared memory of one evaluation."""
 
     def __init__(self, payload: dict):
-        self.payload = payload
+        self.payload = payload  # the current evaluation's request (limits, CPUs, folders); set anew for each
         self.task = Task.from_dict(payload["task"])
         self.backend = payload["backend"]
         self.device = "cuda" if self.backend == "cuda" else "cpu"
@@ -105,6 +105,12 @@ class Rounds:
         self.out_views = [self.memory.view(s) for s in self.layout.outputs]
         self.flusher = CacheFlusher(self.device)
         self.seq = 0
+
+    def close(self) -> None:
+        self.control.close()
+        self.memory.close()
+        os.close(self.control.fd)
+        os.close(self.memory.fd)
 
     def fresh_inputs(self) -> list[Any]:
         """One call's arguments from a seed that never leaves this process, made on the device."""
@@ -223,6 +229,9 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
            "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
     for fd in (rounds.control.fd, rounds.memory.fd):
         os.set_inheritable(fd, True)
+    for word in (READY, DONE, SECURED):  # a fresh server: nothing an earlier one wrote counts
+        rounds.control.words[word] = 0
+    rounds.control.set_message("")
     box: dict = {}
 
     def target() -> None:
@@ -328,10 +337,10 @@ def net_timing(samples_ns: list[int], null_ns: list[int]) -> Timing:
     return Timing(median_ms=statistics.median(net), iqr_ms=q3 - q1, repetitions=len(net))
 
 
-def evaluate_rounds(payload: dict) -> dict:
-    """The whole trusted side of one evaluation; a plain dict for the worker (see run())."""
+def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
+    """The whole trusted side of one evaluation; a plain dict for the worker."""
     result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
-    rounds = Rounds(payload)
+    rounds.payload = payload
     warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
     full = payload["mode"] == "full"
     if payload.get("baseline"):
@@ -374,18 +383,39 @@ def _as_list(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def main() -> None:
-    payload = msgpack.unpackb(sys.stdin.buffer.read())
-    out_path = Path(payload["result_path"])
+class TaskCache:
+    """Each task's reference and round memory, kept for the next evaluation of the same task."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.entries: dict[tuple, Rounds] = {}
+
+    def get(self, payload: dict) -> Rounds:
+        task = payload["task"]
+        key = (task["id"], hash(task["source"]), payload["backend"], int(payload["threads"]))
+        rounds = self.entries.pop(key, None) or Rounds(payload)
+        self.entries[key] = rounds  # most recent last
+        while len(self.entries) > self.size:
+            old = self.entries.pop(next(iter(self.entries)))
+            old.close()
+        return rounds
+
+
+def handle(payload: dict, cache: TaskCache) -> dict:
+    """One request of the worker: a verdict, or an infra failure that names the harness's own fault."""
     try:
-        result = evaluate_rounds(payload)
+        return evaluate_rounds(cache.get(payload), payload)
     except SandboxError as err:
-        result = {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
+        return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
-        result = {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
-    out_path.write_bytes(msgpack.packb(result))
-    sys.stdout.flush()
-    os._exit(0)
+        return {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
+
+
+def main() -> None:
+    from env_pool.harness_process import serve_forever
+
+    cache = TaskCache()
+    serve_forever(lambda payload: handle(payload, cache))
 
 
 if __name__ == "__main__":
