@@ -1,9 +1,14 @@
-"""Run-time guards against reward hacking, installed in the candidate's process by the runner.
+"""Run-time guards against reward hacking, installed in the candidate's process by its server.
 
-The OS sandbox (env_pool/sandbox.py) is what enforces no network and no writes outside the
-scratch folder; these guards run inside the process to catch what the OS cannot see (torch
-compute ops, monkeypatching, imports of the reference) and to name every violation clearly.
-They are armed only after the runner has done its own trusted work, and they never disarm.
+Diagnostics, not the verdict. They run inside the candidate's process, where its code can reach
+and switch them off, so they only ever fail a candidate (with a clear message): what decides a
+pass is the trusted harness (env_pool/harness.py), which times and verifies from outside. The
+OS sandbox (env_pool/sandbox.py) enforces no network and no writes outside the scratch folder;
+these catch what the OS cannot see (torch compute ops, monkeypatching, imports of the
+reference) and name every violation. They are armed after the server's own trusted work
+(env_pool/serve.py), before the candidate's code loads. Known to be evadable (see the `hard`
+cases of tests/env_corpus/): their state is reachable, and torch under a disabled dispatch
+mode, numpy or a library called from native code never reach the detector.
 """
 from __future__ import annotations
 

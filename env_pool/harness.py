@@ -42,7 +42,7 @@ import torch
 from env_pool.inputs import adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
-from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, Layout, SlotMemory, next_phase, plan_layout
+from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs

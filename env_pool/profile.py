@@ -1,9 +1,8 @@
-"""Timing: warm-up, whole-device synchronisation, cache flushing, rotated inputs, median and IQR.
+"""Timing helpers: cache flushing, whole-device synchronisation, and a plain timing loop.
 
-Used by the trusted reference process (eager and torch.compile baselines) and by the
-candidate's process (the candidate, and the eager reference again for drift correction).
-``perf_counter`` is bound here at import, before any candidate code exists in the process,
-so a candidate that replaces ``time.perf_counter`` does not change these clocks.
+The reward's timings are the trusted harness's (env_pool/harness.py): it flushes with
+CacheFlusher and synchronises with synchronize() around every round. ``time_callable`` is the
+plain loop that the agent's informational reference profile uses (env_pool/reference_profile.py).
 """
 from __future__ import annotations
 
@@ -54,12 +53,6 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()  # the whole device: work on side streams is finished before outputs are read
 
 
-# Unjoined side-stream work: the device stayed busy after the caller's stream was done for more
-# than this factor of the stream's time plus this slack (launch and sync jitter of an honest kernel).
-ESCAPE_FACTOR = 1.5
-ESCAPE_SLACK_MS = 0.02
-
-
 def time_callable(
     fn: Callable[..., object],
     input_sets: Sequence[Sequence[object]],
@@ -67,15 +60,12 @@ def time_callable(
     warmup: int = 5,
     repetitions: int = 30,
     flusher: CacheFlusher | None = None,
-    streams: dict | None = None,
 ) -> Timing:
     """Median and IQR of ``fn(*inputs)`` over repetitions that rotate through ``input_sets``.
 
-    On the GPU each repetition is timed twice: CUDA events on the current stream, and the host
-    clock between two whole-device synchronisations (less its fixed cost, measured here). Work
-    launched on another stream and never joined escapes the events but not the host clock: the
-    sample is the larger of the two, and ``streams`` (when given) gets ``escaped`` = True when
-    the device-wide time exceeds the stream's by more than launch jitter explains.
+    On the GPU each sample is the larger of the CUDA-event time on the current stream and the
+    host clock between two whole-device synchronisations (less its fixed cost), so work on a
+    side stream is not missed.
     """
     flusher = flusher or CacheFlusher(device)
     with torch.no_grad():
@@ -85,11 +75,6 @@ def time_callable(
         overhead = _sync_overhead_ms() if device == "cuda" else 0.0
         pairs = [_time_once(fn, input_sets[i % len(input_sets)], device, flusher) for i in range(repetitions)]
     samples = [max(event, wall - overhead) for event, wall in pairs]
-    if streams is not None:
-        event_ms = statistics.median(e for e, _ in pairs)
-        device_ms = statistics.median(w - overhead for _, w in pairs)
-        streams.update(event_ms=event_ms, device_ms=device_ms,
-                       escaped=device == "cuda" and device_ms > ESCAPE_FACTOR * event_ms + ESCAPE_SLACK_MS)
     q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
     return Timing(median_ms=statistics.median(samples), iqr_ms=q3 - q1, repetitions=len(samples))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import torch
@@ -22,7 +21,7 @@ import torch
 from env_pool import guards
 from env_pool.inputs import make_inputs, make_model
 from env_pool.profile import synchronize
-from env_pool.sandbox import child_result_channel
+from env_pool.sandbox import child_exit, child_result_channel
 from env_pool.serve import copy_matching_weights, load_solution, setup_torch, short_error, use_prebuilt_extensions
 from tasks.task import build_problem
 
@@ -88,11 +87,7 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0 if result.get("ok") else 1)
-    channel.write(msgpack.packb(result))
-    channel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip atexit and finalizers: nothing the candidate registered runs after the result
+    child_exit(channel, msgpack.packb(result))
 
 
 if __name__ == "__main__":

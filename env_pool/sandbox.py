@@ -209,6 +209,19 @@ def child_result_channel():
     return os.fdopen(fd, "wb")
 
 
+def child_exit(channel, result: bytes) -> None:
+    """Child side: write the result, flush everything, and exit at once (status 0).
+
+    os._exit skips atexit handlers and finalizers: nothing untrusted code registered runs
+    after the result is written.
+    """
+    channel.write(result)
+    channel.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 # --------------------------------------------------------------------------------------------
 # Parent side
 # --------------------------------------------------------------------------------------------

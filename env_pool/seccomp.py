@@ -1,4 +1,4 @@
-"""No new processes, no wider CPU set, from the candidate's process: a seccomp filter, installed by the runner.
+"""No new processes, no wider CPU set, from the candidate's process: a seccomp filter, installed by its server.
 
 Python's audit hooks (env_pool/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
 called from Python, but not ``system()``, ``fork()`` or ``execve()`` called from a kernel's
@@ -26,7 +26,7 @@ filter we need, 17 instructions, and it must install on the GPU machines too, wh
 cannot add packages to (no pyseccomp in the GPU stack) and whose libseccomp.so.2 we cannot
 count on. Raw ``seccomp(2)`` through ctypes needs nothing but libc and Linux >= 3.17.
 
-The filter must be installed after the runner's own trusted work (torch, CUDA and the
+The filter must be installed after the server's own trusted work (torch, CUDA and the
 reference are initialised by then) and before any candidate code runs, and never in the
 ``import`` child: a ``load_inline`` build runs g++, nvcc and ninja.
 """
@@ -65,7 +65,7 @@ _ARCHES = {
                 "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False},
 }
 
-# What the runner's parent sees when the filter fires.
+# What the harness sees when the filter fires (the server's death signal).
 KILL_SIGNAL = signal.SIGSYS.name
 
 

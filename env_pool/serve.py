@@ -41,7 +41,7 @@ from env_pool import guards, seccomp
 from env_pool.inputs import make_model
 from env_pool.profile import synchronize
 from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, Layout, SlotMemory
-from env_pool.sandbox import child_result_channel
+from env_pool.sandbox import child_exit, child_result_channel
 from tasks.task import Task, build_problem
 
 SOLUTION_MODULE = "model_new"
@@ -264,11 +264,7 @@ def main() -> None:
         serve(payload, report)
     except Exception as err:
         report["error"] = short_error(err)
-    channel.write(msgpack.packb(_finish(report)))
-    channel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip atexit and finalizers: nothing the candidate registered runs after the report
+    child_exit(channel, msgpack.packb(_finish(report)))
 
 
 if __name__ == "__main__":

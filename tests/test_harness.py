@@ -1,0 +1,113 @@
+"""The trusted side's rules, one by one: round memory, timing arithmetic, what it takes from a server.
+
+The corpus (tests/test_env_corpus.py) proves the verdicts end to end; these pin down the pieces
+that make them trustworthy, so a regression names the rule it broke.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import torch
+
+from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _untrusted_report, net_timing
+from env_pool.harness_process import HarnessProcess
+from env_pool.rounds import READY, SECURED, Control, SlotMemory, plan_layout
+from env_pool.sandbox import SandboxOutcome
+
+
+def outcome(result: bytes | None) -> SandboxOutcome:
+    return SandboxOutcome(returncode=0, signal_name=None, timed_out=False, out_of_memory=False, cpu_limited=False,
+                          output="", result=result, wall_s=1.0)
+
+
+def test_net_time_is_the_round_less_the_null_phase_median_with_a_floor():
+    timing = net_timing([3_000_000, 5_000_000, 4_000_000], null_ns=[1_000_000, 1_000_000, 9_000_000])
+    assert timing.median_ms == pytest.approx(3.0) and timing.repetitions == 3
+    assert net_timing([500_000], null_ns=[1_000_000]).median_ms == pytest.approx(1e-3)  # never zero or negative
+
+
+def test_the_server_report_keeps_only_short_well_formed_strings():
+    forged = msgpack.packb({"violations": [{"guard": "x" * 100, "reason": "r" * 5000}, {"guard": 1, "reason": "y"}, "junk"],
+                            "stage": "s" * 5000, "error": ["not", "text"], "candidate": {"median_ms": 1e-9}})
+    report = _untrusted_report(outcome(forged))
+    assert report["violations"] == [{"guard": "x" * 40, "reason": "r" * 400}]
+    assert len(report["stage"]) == 1000 and report["error"] == "" and "candidate" not in report
+    assert _untrusted_report(outcome(b"\xc1not msgpack")) == {"violations": [], "stage": "", "error": ""}
+    assert _untrusted_report(outcome(msgpack.packb([1, 2]))) == {"violations": [], "stage": "", "error": ""}
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("[wrong] output has shape [2], expected [3]", "wrong"),
+    ("[crash] RuntimeError: CUDA out of memory", "out_of_memory"),
+    ("[pass] trust me", "crash"),  # an unknown kind is the default, never a pass
+    ("no brackets", "crash"),
+])
+def test_the_server_message_names_a_failure_never_a_success(message, kind):
+    assert _kind_and_message(message, "crash")[0] == kind
+
+
+def test_an_infra_claim_after_candidate_code_loaded_is_the_candidates_failure():
+    control = Control.create()
+    try:
+        fake = SimpleNamespace(control=control)
+        alive = threading.Thread(target=lambda: None)
+        control.set_message("[infra] could not install the seccomp filter")
+        control.words[READY] = -1
+        with pytest.raises(RoundsFailed) as before:
+            Rounds.wait_ready(fake, 0, alive)  # nothing of the candidate's had run: the environment's fault
+        control.words[SECURED] = 1
+        with pytest.raises(RoundsFailed) as after:
+            Rounds.wait_ready(fake, 0, alive)  # its code had loaded: it may have written the claim itself
+        assert (before.value.kind, after.value.kind) == ("infra", "crash")
+    finally:
+        control.close()
+        os.close(control.fd)
+
+
+def test_round_memory_cannot_be_shrunk_by_the_server():
+    control = Control.create()
+    memory = SlotMemory.create(4096, "cpu")
+    try:
+        for fd in (control.fd, memory.fd):
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 0)  # sealed: a SIGBUS in the harness would turn a hack into an infra failure
+    finally:
+        control.close()
+        memory.close()
+
+
+def test_each_slot_has_its_own_version_counter_and_sees_the_other_mappings_writes():
+    layout = plan_layout([torch.ones(8), 3], [torch.ones(8)], "cpu")
+    harness_side = SlotMemory.create(layout.size, "cpu")
+    server_side = SlotMemory.attach(harness_side.fd, layout.size, "cpu")
+    try:
+        x_server = server_side.view(layout.args[0]["slot"])
+        out_server = server_side.view(layout.outputs[0])
+        version = x_server._version
+        harness_side.view(layout.args[0]["slot"]).copy_(torch.arange(8.0))  # fresh contents, same address
+        out_server.copy_(torch.full((8,), 2.0))  # the server's output write
+        assert torch.equal(x_server, torch.arange(8.0))
+        assert x_server._version == version  # a replay keyed on (data_ptr, _version) gets a stale answer
+        assert layout.args[1] == {"value": 3} and layout.outputs[0].offset % 256 == 0
+    finally:
+        server_side.close()
+        harness_side.close()
+
+
+def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp_path: Path):
+    harness = HarnessProcess(tmp_path / "harness.log")
+    try:
+        first = harness.request({"task": {"id": "t", "level": 1, "source": "x = 1\n"}, "backend": "cpp", "threads": 1}, 120)
+        assert first["failure"] == "infra" and "harness failed" in first["message"]  # the task has no Model
+        assert harness.starts == 1 and harness.proc.poll() is None
+        harness.proc.kill()
+        harness.proc.wait()
+        again = harness.request({"task": {"id": "t", "level": 1, "source": "x = 1\n"}, "backend": "cpp", "threads": 1}, 120)
+        assert again["failure"] == "infra" and harness.starts == 2
+    finally:
+        harness.close()
