@@ -127,10 +127,15 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
     from configs.load import load_config
     from env_pool.pool import EnvPool
     from launch.report import print_eval_result
+    from tasks.task import TaskError
 
     cfg = load_config(args.config or [], args.overrides)
     task = _find_task(args.task, args.tasks)
-    files = {p.name: p.read_text() for p in sorted(Path(args.solution).iterdir()) if p.is_file()}
+    folder = Path(args.solution)
+    if not folder.is_dir():
+        raise TaskError(f"solution folder {args.solution!r} does not exist (or is not a folder): give the folder that "
+                        "holds model_new.py")
+    files = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
     pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
     with console.status(f"evaluating {args.solution} on {task.id} ({args.mode})"):
         result = asyncio.run(pool.evaluate(task, files, args.mode))
@@ -142,9 +147,14 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
 
 
 def _find_task(name: str, paths: list[str] | None):
-    from tasks.loader import load_tasks
+    """A task by id (as `tasks list` shows it, or its tail), or by the path of a problem file."""
+    from tasks.loader import load_task_file, load_tasks
     from tasks.task import TaskError
 
+    if name.endswith(".py") or Path(name).is_file():
+        if not Path(name).is_file():
+            raise TaskError(f"problem file {name!r} does not exist")
+        return load_task_file(Path(name))
     tasks, _ = load_tasks(paths or [])
     match = [t for t in tasks if t.id == name or t.id.endswith("/" + name)]
     if len(match) != 1:

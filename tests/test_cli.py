@@ -54,3 +54,11 @@ def test_doctor_reports_versions_and_backends():
     assert report["packages"]["torch"] and report["packages"]["ray"].startswith("2.60")
     assert report["backends"]["cpp"] == "ok"
     assert set(report["backends"]) == {"cpp", "cuda"}
+
+
+def test_env_eval_names_a_missing_folder_or_problem_file_in_one_line():
+    missing_folder = run("env", "eval", "level1/01_gelu", "/nonexistent-solution")
+    missing_problem = run("env", "eval", "/nonexistent/19_ReLU.py", "tests/env_corpus/legit/gelu_omp")
+    for out, what in ((missing_folder, "solution folder"), (missing_problem, "problem file")):
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert what in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
