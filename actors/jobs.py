@@ -24,22 +24,40 @@ log = logging.getLogger("cuda_agent.jobs")
 
 
 class TaskSampler:
-    """Shuffled passes over the task set; episode ids are unique and stable across reruns."""
+    """Shuffled passes over the task set; episode ids are unique and stable across reruns.
 
-    def __init__(self, tasks: list[Task], seed: int, prefix: str = "ep"):
+    With ``group_size`` > 1 each task drawn is handed out that many times in a row, one group;
+    ``group_of`` names an episode's group (reruns keep their ids, so they keep their group)."""
+
+    def __init__(self, tasks: list[Task], seed: int, prefix: str = "ep", group_size: int = 1):
         if not tasks:
             raise ValueError("the training task set is empty: set stage.tasks to problem files or folders")
-        self.tasks, self.rng, self.prefix = tasks, random.Random(seed), prefix
+        if group_size < 1:
+            raise ValueError(f"stage.group_size must be at least 1, got {group_size}")
+        self.tasks, self.rng, self.prefix, self.group_size = tasks, random.Random(seed), prefix, group_size
         self.by_id = {t.id: t for t in tasks}
         self.order: deque[Task] = deque()
         self.count = 0
+        self.groups: dict[str, str] = {}  # episode id -> group key
+        self._current: tuple[Task, str] | None = None
+        self._left = 0
 
     def next(self) -> tuple[dict[str, Any], str]:
-        if not self.order:
-            self.order.extend(self.rng.sample(self.tasks, len(self.tasks)))
-        task = self.order.popleft()
+        if self._left == 0:
+            if not self.order:
+                self.order.extend(self.rng.sample(self.tasks, len(self.tasks)))
+            task = self.order.popleft()
+            self._current, self._left = (task, f"{self.prefix}-g{self.count + 1:07d}"), self.group_size
+        task, group = self._current
+        self._left -= 1
         self.count += 1
-        return task.to_dict(), f"{self.prefix}-{self.count:07d}-{task.id.replace('/', '-')}"
+        episode_id = f"{self.prefix}-{self.count:07d}-{task.id.replace('/', '-')}"
+        self.groups[episode_id] = group
+        return task.to_dict(), episode_id
+
+    def group_of(self, episode_id: str) -> str:
+        """The group key of an episode this sampler handed out (its own id for any other)."""
+        return self.groups.get(episode_id, episode_id)
 
     def task_dict(self, task_id: str) -> dict[str, Any]:
         return self.by_id[task_id].to_dict()

@@ -39,7 +39,8 @@ def _trainer(kind: str, cfg: Any, policy_path: str, critic_path: str | None, tot
     if kind == "ppo":
         from learner.ppo import PPOTrainer
 
-        return PPOTrainer.create(cfg.learner, policy_path, critic_path, dtype=dtype, total_steps=total_steps)
+        return PPOTrainer.create(cfg.learner, policy_path, critic_path, dtype=dtype, total_steps=total_steps,
+                                 reward_span=reward_span(cfg.env.reward))
     if kind == "rft":
         from learner.rft import RFTTrainer
 
@@ -49,6 +50,12 @@ def _trainer(kind: str, cfg: Any, policy_path: str, critic_path: str | None, tot
 
         return ValuePretrainer.create(cfg.learner, critic_path or policy_path, dtype=dtype, total_steps=total_steps)
     raise ValueError(f"trainer kind must be one of {TRAINERS}, got {kind!r}")
+
+
+def reward_span(reward: Any) -> float:
+    """The spread of the milestone rewards (top minus bottom): the scale of the value clip."""
+    values = [reward.failure, reward.correct, reward.faster_than_eager, reward.faster_than_compile]
+    return float(max(values) - min(values))
 
 
 @ray.remote
@@ -83,13 +90,16 @@ class LearnerActor:
             self.trainer.load_state(state["trainer"])
         return state or {}
 
-    def step(self, batch: list[Any], weights: list[float] | None = None) -> dict[str, float]:
+    def step(self, batch: list[Any], weights: list[float] | None = None, version: int = 0,
+             episode_advantages: list[float] | None = None) -> dict[str, float]:
         """One learner step on this rank's trajectories; ``batch`` holds their object refs (nested,
-        so unresolved) and ``weights`` their loss weights."""
-        return self.trainer.step(ray.get(batch), weights)
-
-    def version(self) -> int:
-        return getattr(self.trainer, "version", 0)
+        so unresolved), ``weights`` their loss weights, ``version`` the policy version of the
+        weights the trainer holds (the driver's System owns it) and ``episode_advantages`` their
+        group-relative advantages (learner.advantage=grpo)."""
+        trajectories = ray.get(batch)
+        if self.kind == "ppo":
+            return self.trainer.step(trajectories, weights, version=version, episode_advantages=episode_advantages)
+        return self.trainer.step(trajectories, weights)
 
     def save(self, step: int, extra: dict[str, Any]) -> str:
         state = {"trainer": self.trainer.state(), **extra}
@@ -182,11 +192,15 @@ class LearnerGroup:
         results = await asyncio.gather(*(getattr(r, method).remote(*args) for r in self.ranks))
         return results[0]
 
-    async def step(self, refs: list[Any], sizes: list[int], weights: list[float]) -> dict[str, float]:
+    async def step(self, refs: list[Any], sizes: list[int], weights: list[float], version: int = 0,
+                   episode_advantages: list[float] | None = None) -> dict[str, float]:
         """Each rank trains on its share of the batch (``deal``). Returns rank 0's metrics (its
-        shares' means; the gradient norms are global), with the counts summed over the ranks."""
+        shares' means; the gradient norms are global), with the counts summed over the ranks.
+        ``version`` and ``episode_advantages`` as in LearnerActor.step."""
         shares = deal(sizes, self.world_size)
-        results = await asyncio.gather(*(r.step.remote([refs[i] for i in share], [weights[i] for i in share])
+        adv = episode_advantages
+        results = await asyncio.gather(*(r.step.remote([refs[i] for i in share], [weights[i] for i in share], version,
+                                                       None if adv is None else [adv[i] for i in share])
                                          for r, share in zip(self.ranks, shares)))
         counts = {k: sum(m.get(k, 0.0) for m in results) for k in SUMMED_METRICS if k in results[0]}
         return {**results[0], **counts}

@@ -5,6 +5,14 @@ Restart policy, and why: env workers and generators restart on their own (Ray's
 caches, a generator's is an engine the driver re-syncs with the current weights. The learner
 group is restarted whole by the driver (a dead rank breaks the others' process group), which
 then resumes it from its last checkpoint.
+
+The policy version has one owner, this System: ``version`` is the version of the weights the
+learner holds now. The driver advances it when a learner step changed the policy (a critic-only
+warm-up step does not), and every other part reads it from here: the learner judges a token
+stale when it is older, the buffer judges trajectories against it, and a weight push labels the
+generators' new weights with it. ``served`` is what the generators serve, behind ``version``
+between pushes; a push happens only when they are behind, so a step that left the policy as it
+was bumps nothing and strands no in-flight episode as stale.
 """
 from __future__ import annotations
 
@@ -51,15 +59,30 @@ class System:
     transport: str = "object_store"  # weight sync (actors/weight_sync.py)
     bucket_mb: int = 512
     sync_timeout_s: float = 600.0
-    version: int = 0  # the policy version the generators serve
+    version: int = 0  # the policy version of the learner's weights: owned here (see the module doc)
+    served: int = 0  # the policy version the generators serve (at most ``version``)
 
     async def learn(self, method: str, *args: Any) -> Any:
         """Call every learner rank; a rank's death becomes LearnerDied, which the driver recovers from."""
         return await self._learner_call(lambda: self.learner.call(method, *args), method)
 
-    async def train_step(self, refs: list[Any], sizes: list[int], weights: list[float]) -> dict[str, float]:
-        """One learner step, the batch dealt over the ranks."""
-        return await self._learner_call(lambda: self.learner.step(refs, sizes, weights), "step")
+    async def train_step(self, refs: list[Any], sizes: list[int], weights: list[float],
+                         episode_advantages: list[float] | None = None) -> dict[str, float]:
+        """One learner step, the batch dealt over the ranks, judged against the current version."""
+        return await self._learner_call(
+            lambda: self.learner.step(refs, sizes, weights, self.version, episode_advantages), "step")
+
+    async def set_version(self, version: int) -> None:
+        """The learner's weights are ``version`` now; the buffer judges staleness against it."""
+        if version < self.version:
+            raise ValueError(f"the policy version must not go backwards: {self.version} -> {version}")
+        self.version = version
+        await self.buffer.set_version.remote(version)
+
+    async def policy_updated(self) -> int:
+        """A learner step changed the policy: its weights are the next version."""
+        await self.set_version(self.version + 1)
+        return self.version
 
     async def _learner_call(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
         try:
@@ -77,26 +100,24 @@ class System:
         raise LearnerDied(f"a weight broadcast did not finish within cluster.weight_sync_timeout_s="
                           f"{self.sync_timeout_s}; the learner and the generator are restarted")
 
-    async def sync_weights(self, version: int, generators: list[Any] | None = None) -> float:
-        """Push the learner's policy to the generators; returns the slowest swap's seconds."""
+    async def sync_weights(self, generators: list[Any] | None = None) -> float:
+        """Push the learner's policy, labelled ``version``, to ``generators`` (None: all of them);
+        returns the slowest swap's seconds."""
         targets = [(i, g) for i, g in enumerate(self.generators) if generators is None or g in generators]
-        results = await push_weights(self, targets, version, self.transport, self.bucket_mb, self.sync_timeout_s)
+        results = await push_weights(self, targets, self.version, self.transport, self.bucket_mb, self.sync_timeout_s)
         for result in results:  # a generator that died mid-swap is re-synced by the driver when it restarts
             if isinstance(result, BaseException) and not isinstance(result, RayActorError):
                 raise result
-        await self._serve_version(version)
+        if generators is None:
+            self.served = self.version
         return max((r for r in results if isinstance(r, float)), default=0.0)
 
     async def load_policy(self, path: str, version: int) -> float:
-        """Point every generator at a stage's exported policy folder (when no learner holds it)."""
+        """Point every generator at a stage's exported policy folder, whose weights are ``version``
+        (when no learner holds them yet)."""
         seconds = await asyncio.gather(*(g.load_folder.remote(path, version) for g in self.generators))
-        await self._serve_version(version)
+        self.served = version
         return max(seconds, default=0.0)
-
-    async def _serve_version(self, version: int) -> None:
-        """The generators serve ``version`` now; the buffer judges staleness against it."""
-        self.version = max(self.version, version)
-        await self.buffer.set_version.remote(self.version)
 
     def shutdown(self) -> None:
         self.learner.kill()

@@ -49,6 +49,11 @@ class KLMode(str, Enum):
     loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
 
 
+class AdvantageEstimator(str, Enum):
+    gae = "gae"  # generalised advantage estimation with the critic's values (learner/gae.py)
+    grpo = "grpo"  # group-relative: (reward - group mean) / group std on every token of the episode (learner/groups.py)
+
+
 class LRSchedule(str, Enum):
     constant = "constant"  # the full rate after warm-up
     cosine = "cosine"  # cosine decay after warm-up to min_lr_ratio of the rate at the stage's last step
@@ -169,8 +174,11 @@ class LearnerConfig:
     lr: float = 1.0e-6  # policy learning rate
     critic_lr: float = 5.0e-6  # critic learning rate
     warmup_steps: int = 10  # linear learning-rate warm-up
-    clip_ratio: float = 0.2  # PPO surrogate clip
-    value_clip: float = 0.2  # clip of the value update around the old value
+    clip_ratio: float = 0.2  # PPO surrogate clip below 1 (eps_low: the ratio may fall to 1 - clip_ratio)
+    clip_ratio_high: Optional[float] = None  # surrogate clip above 1 (eps_high, "clip-higher"); None: clip_ratio, symmetric
+    value_clip: float = 0.2  # clip of the value update around the old value, as a fraction of the reward span (env.reward, top milestone minus failure: 4 by default, so 0.8); 0: no clip
+    prox_from_learner: bool = True  # the clip's proximal policy is the learner's own scoring of every token at the step's start (ratio exactly 1 at first); False: the sampler's logprobs for current-version tokens (one forward pass fewer, but bf16 sampler and learner disagree)
+    advantage: AdvantageEstimator = AdvantageEstimator.gae  # gae: the critic's GAE; grpo: each episode's reward against its group's (needs stage.group_size > 1)
     gamma: float = 1.0  # discount over generated tokens
     gae_lambda: float = 1.0  # GAE lambda
     kl_coef: float = 0.0  # KL to the frozen reference; 0 loads no reference model
@@ -182,7 +190,7 @@ class LearnerConfig:
     ppo_epochs: int = 1  # passes over each batch of trajectories
     ppo_minibatches: int = 1  # optimiser steps per pass: the batch's micro-batches split into this many groups of about equal generated tokens
     whiten_advantages: bool = True  # normalise advantages to zero mean and unit variance over the batch's generated tokens
-    per_turn_rewards: bool = False  # also credit each turn's milestone reward at its last generated token (the episode reward is always on the last)
+    per_turn_rewards: bool = False  # also credit each turn that raised the best milestone reached so far by the rise (learner/gae.py: credits sum to the outcome; repeating a milestone earns nothing)
     critic_warmup_steps: int = 0  # learner steps that train only the critic before the policy moves
     grad_checkpointing: bool = True  # recompute activations in backward to fit long contexts
     max_grad_norm: float = 1.0  # gradient clipping
@@ -210,6 +218,9 @@ class StageConfig:
     tasks: list[str] = field(default_factory=list)  # training problem files or folders; empty: the shipped starter set
     asynchronous: bool = True  # generators keep generating while the learner trains; False: generate a batch, then train (for comparison)
     single_turn_max_turns: int = 1  # turn budget of the single-turn PPO warm-up (the final evaluation judges what that turn wrote)
+    group_size: int = 1  # episodes of one task sampled together as a group (GRPO-style); batch_episodes must be a multiple of it
+    dynamic_sampling: bool = False  # drop groups whose rewards all agree (no group-relative signal) before the learner step (DAPO); needs group_size > 1
+    group_draws: int = 4  # with group_size > 1: at most this many buffer draws per learner step to fill batch_episodes with whole (and, with dynamic_sampling, informative) groups; then it trains on what is ready
 
 
 @dataclass

@@ -6,7 +6,10 @@
         build the stage's trainer, resume its checkpoint    (actors/learner -> learner/)
         push its policy to the generators                   (object store; hot swap, no restart)
         repeat: a batch of trajectories from the buffer     (generators keep generating: async)
-                -> a learner step -> new weights to the generators every sync_every steps
+                (whole groups of one task, with stage.group_size; dynamic sampling drops
+                 groups whose rewards all agree)                  (actors/grouping)
+                -> a learner step; if it moved the policy, the next version (actors/system owns it)
+                -> new weights to the generators every sync_every steps
                 -> metrics, progress, checkpoints
         export the stage's models; the next stage starts from them
 
@@ -30,12 +33,14 @@ from typing import Any
 import ray
 
 from actors.buffer import fetch
+from actors.grouping import GroupAssembler
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
 from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
 from launch.metrics import MetricsSink, ProgressDisplay, episode_metrics, write_plots
+from learner.groups import group_advantages
 from learner.rft import filter_trajectories
 from tasks.loader import load_tasks
 
@@ -54,7 +59,7 @@ class RecipeState:
     critic: str | None = None
     done: list[str] = field(default_factory=list)
     step: int = 0  # global step (across stages) of the last finished stage
-    version: int = 0  # policy version the generators serve
+    version: int = 0  # policy version of ``policy`` (the System owns the running version; this is where it survives a rerun)
     stage_s: dict[str, float] = field(default_factory=dict)  # wall seconds of each finished stage, in the run that finished it
 
     @classmethod
@@ -93,8 +98,19 @@ def check_learner_ranks(cfg: Any, ranks: int) -> None:
                           f"or one learner rank")
 
 
+def check_groups(cfg: Any) -> None:
+    s, advantage = cfg.stage, str(getattr(cfg.learner.advantage, "value", cfg.learner.advantage))
+    if s.group_size < 1 or s.batch_episodes % s.group_size:
+        raise ConfigError(f"stage.batch_episodes={s.batch_episodes} must be a positive multiple of "
+                          f"stage.group_size={s.group_size}: a step trains on whole groups")
+    if s.group_size == 1 and (advantage == "grpo" or s.dynamic_sampling):
+        raise ConfigError("learner.advantage=grpo and stage.dynamic_sampling judge an episode against the other "
+                          "episodes of its task: set stage.group_size to 2 or more")
+
+
 def train(cfg: Any) -> Path:
     check_sampling(cfg)
+    check_groups(cfg)
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     owns_cluster = not ray.is_initialized()
@@ -130,12 +146,19 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     max_turns = cfg.stage.single_turn_max_turns if stage == "single_turn_ppo" else cfg.rollout.max_turns
     await asyncio.gather(*(g.set_max_turns.remote(max_turns) for g in system.generators))
 
-    async def restarted(generator: Any) -> None:  # a generator came back with fresh weights: re-sync it
+    async def restarted(generator: Any) -> None:  # a generator came back with the base weights: re-sync it
         await generator.start.remote(max_turns)
-        await system.sync_weights(system.version, [generator])
+        if kind not in UPDATES_POLICY:  # this stage's learner holds no policy: the stage's folder is the policy
+            if state.policy != base_model:
+                await generator.load_folder.remote(state.policy, system.version)
+        elif system.version > 0:  # version 0 is the base model, which it holds already
+            await system.sync_weights([generator])
 
-    feeder = JobFeeder(system.generators, TaskSampler(tasks, cfg.seed + len(state.done), stage),
-                       cfg.rollout.episodes_in_flight, restarted)
+    group_size = cfg.stage.group_size if kind == "ppo" else 1  # groups judge rewards: PPO stages only
+    sampler = TaskSampler(tasks, cfg.seed + len(state.done), stage, group_size)
+    feeder = JobFeeder(system.generators, sampler, cfg.rollout.episodes_in_flight, restarted)
+    assembler = (GroupAssembler(group_size, sampler.group_of, cfg.stage.dynamic_sampling)
+                 if group_size > 1 else None)
     background = asyncio.create_task(feeder.run_forever()) if cfg.stage.asynchronous else None
     learner_restarts = 0
     try:
@@ -144,12 +167,8 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                 try:
                     if background is None:
                         await feeder.run_count(cfg.stage.batch_episodes)
-                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background)
-                    # After a stage's last step the next stage serves its export instead (setup_learner).
-                    if kind in UPDATES_POLICY and (step + 1) % cfg.stage.sync_every == 0 and step + 1 < steps:
-                        metrics["sync/swap_s"] = await system.sync_weights(system.version + 1)
-                    if (step + 1) % cfg.stage.checkpoint_every == 0 or step + 1 == steps:
-                        await system.learn("save", step + 1, {"version": system.version})
+                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler)
+                    await after_step(cfg, system, step, steps, metrics)
                 except LearnerDied as err:
                     learner_restarts += 1
                     log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
@@ -182,6 +201,21 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
         await system.learn("drop_checkpoints")
 
 
+async def after_step(cfg: Any, system: System, step: int, steps: int, metrics: dict[str, Any]) -> None:
+    """Learner step ``step`` (0-based) is done: the policy's next version if it moved, a push to
+    the generators every sync_every steps, a checkpoint every checkpoint_every."""
+    if metrics.get("learner", {}).get("policy_trained"):
+        await system.policy_updated()
+    # Nothing to push after a step that left the policy as it was (critic warm-up, value
+    # pretraining): a push would relabel the same weights, and the buffer would then drop
+    # in-flight episodes as stale. After a stage's last step the next stage serves its export
+    # instead (setup_learner).
+    if (step + 1) % cfg.stage.sync_every == 0 and step + 1 < steps and system.served < system.version:
+        metrics["sync/swap_s"] = await system.sync_weights()
+    if (step + 1) % cfg.stage.checkpoint_every == 0 or step + 1 == steps:
+        await system.learn("save", step + 1, {"version": system.version})
+
+
 async def restart_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,
                           steps: int) -> int:
     await system.restart_learner()
@@ -190,21 +224,29 @@ async def restart_learner(kind: str, stage_dir: Path, system: System, state: Rec
 
 async def setup_learner(kind: str, stage_dir: Path, system: System, state: RecipeState, base_model: str,
                         steps: int) -> int:
-    """Build (or, after a death, rebuild) the stage's trainer from its latest checkpoint; the
-    generators then serve the weights it holds. Returns the step it resumes at."""
+    """Build (or, after a death, rebuild) the stage's trainer from its latest checkpoint, and
+    settle the policy version of the weights it holds. Returns the step it resumes at.
+
+    A stage starts from ``state.policy``, whose version is ``state.version``: the generators load
+    it, while the learner builds its engines, unless they serve it already (after value
+    pretraining, which leaves the policy as it was). A trainer rebuilt mid-stage (after a
+    learner death, or by a rerun that resumes a checkpoint) holds weights the generators never
+    had: they are the next version, pushed at once."""
+    rebuilt = system.version > state.version  # this stage already moved the version in this process
+    if not rebuilt:
+        await system.set_version(state.version)
     load = None
-    if state.policy != base_model:  # the generators started on the base model: they load the last stage's
-        version = max(state.version, system.version) + 1  # while the learner builds its engines
-        load = asyncio.ensure_future(system.load_policy(state.policy, version))
+    if not rebuilt and state.policy != base_model and system.served < system.version:
+        load = asyncio.ensure_future(system.load_policy(state.policy, system.version))
     try:
         resumed = await system.learn("setup", kind, str(stage_dir), state.policy, state.critic, steps)
     finally:
         if load is not None:  # finished (or failed) before anything else touches the generators
             await load
     step = int(resumed.get("step", 0))
-    system.version = max(state.version, system.version, int(resumed.get("version", 0)))
-    if step and kind in UPDATES_POLICY:  # resumed mid-stage: the checkpoint's policy replaces the export
-        await system.sync_weights(system.version + 1)
+    if kind in UPDATES_POLICY and (rebuilt or step):
+        await system.set_version(max(system.version, int(resumed.get("version", 0))) + 1)
+        await system.sync_weights()
     return step
 
 
@@ -244,38 +286,89 @@ def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]
             f.write(json.dumps({"step": step, "stage": stage, **e}) + "\n")
 
 
-async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
-                       background: asyncio.Task | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One batch from the buffer to the learner; lost trajectories go back to be rerun."""
-    started = time.perf_counter()
-    batch = await first_of(system.buffer.get_batch.remote(max_episodes=cfg.stage.batch_episodes), background)
+async def draw(system: System, feeder: JobFeeder, background: asyncio.Task | None,
+               episodes: int) -> tuple[list[tuple[Any, Any]], int]:
+    """A batch from the buffer as (buffer item, trajectory) pairs; lost trajectories go back to be rerun."""
+    batch = await first_of(system.buffer.get_batch.remote(max_episodes=episodes), background)
     fetched = fetch(batch)
     if fetched.lost:
         await system.buffer.forget.remote([m.episode_id for m in fetched.lost])
         feeder.requeue([(feeder.sampler.task_dict(m.task_id), m.episode_id) for m in fetched.lost])
-    trajectories = fetched.trajectories
-    metrics: dict[str, Any] = episode_metrics(trajectories)
+    item_of = {item.meta.episode_id: item for item in batch.items}  # already in the object store
+    return [(item_of[t.episode_id], t) for t in fetched.trajectories], len(fetched.lost)
+
+
+async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
+                          assembler: GroupAssembler, pairs: list[tuple[Any, Any]]
+                          ) -> tuple[list[tuple[Any, Any]], list[str], list[Any], int, dict[str, float]]:
+    """Whole groups for one step: draws from the buffer (after ``pairs``, the first draw) until
+    stage.batch_episodes episodes of complete groups are ready, with dynamic sampling only
+    groups whose rewards differ, or stage.group_draws draws were made. Returns the ready pairs,
+    their group keys, every trajectory drawn, the lost count and metrics."""
+    want = cfg.stage.batch_episodes
+    ready, keys, drawn, lost = [], [], [t for _, t in pairs], 0
+    dropped = released = draws = 0
+    while True:
+        out = assembler.add(pairs)
+        draws += 1
+        ready += out.ready
+        keys += out.groups
+        dropped += out.dropped_uniform
+        released += out.released_incomplete
+        if len(ready) >= want or draws >= cfg.stage.group_draws:
+            break
+        missing = want - len(ready)
+        if background is None:  # synchronous mode: nothing generates unless asked
+            await feeder.run_count(missing)
+        pairs, more_lost = await draw(system, feeder, background, missing)
+        drawn += [t for _, t in pairs]
+        lost += more_lost
+    metrics = {"groups/draws": float(draws), "groups/ready_episodes": float(len(ready)),
+               "groups/dropped_uniform": float(dropped), "groups/released_incomplete": float(released),
+               "groups/waiting_episodes": float(assembler.waiting_episodes)}
+    return ready, keys, drawn, lost, metrics
+
+
+async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
+                       assembler: GroupAssembler | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One batch from the buffer to the learner (whole groups, with an assembler); lost
+    trajectories go back to be rerun."""
+    started = time.perf_counter()
+    pairs, lost = await draw(system, feeder, background, cfg.stage.batch_episodes)
+    drawn = [t for _, t in pairs]
+    keys: list[str] | None = None
+    group_metrics: dict[str, float] = {}
+    if assembler is not None:
+        pairs, keys, drawn, more_lost, group_metrics = await assemble_groups(cfg, system, feeder, background,
+                                                                             assembler, pairs)
+        lost += more_lost
+    metrics: dict[str, Any] = episode_metrics(drawn)
+    metrics.update(group_metrics)
     if kind == "rft":
-        trajectories, rejected = filter_trajectories(trajectories, cfg.learner.rft)
-        metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(trajectories)})
-    if len(trajectories) >= system.learner.world_size:  # each rank needs one; fewer happens only after RFT's filter
-        item_of = {item.meta.episode_id: item for item in batch.items}  # already in the object store
-        items = [item_of[t.episode_id] for t in trajectories]
+        kept, rejected = filter_trajectories([t for _, t in pairs], cfg.learner.rft)
+        metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(kept)})
+        kept_ids = {t.episode_id for t in kept}
+        pairs = [(i, t) for i, t in pairs if t.episode_id in kept_ids]
+    if len(pairs) >= system.learner.world_size:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
+        items = [i for i, _ in pairs]
+        advantages = None
+        if keys is not None and str(getattr(cfg.learner.advantage, "value", cfg.learner.advantage)) == "grpo":
+            advantages = group_advantages([t.reward for _, t in pairs], keys)
         metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
-                                                     [i.weight for i in items])
-    elif trajectories:
-        metrics["learner/skipped_small_batch"] = len(trajectories)
+                                                     [i.weight for i in items], advantages)
+    elif pairs:
+        metrics["learner/skipped_small_batch"] = len(pairs)
     wall = time.perf_counter() - started
-    tokens = sum(t.num_tokens for t in fetched.trajectories)
+    tokens = sum(t.num_tokens for t in drawn)
     buffer_stats = await system.buffer.stats.remote()
     metrics.update(await actor_load(system, wall))
     metrics.update({
         "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "buffer": buffer_stats,
-        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": len(fetched.lost),
+        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": lost,
         "step_s": wall,
     })
     episodes = [{"episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward, "milestone": t.milestone,
                  "stop_reason": t.stop_reason, "turns": len(t.turns), "versions": sorted(set(t.versions))}
-                for t in fetched.trajectories]
+                for t in drawn]
     return metrics, episodes

@@ -15,16 +15,29 @@ import torch.distributed as dist
 
 def token_rewards(num_tokens: int, final_reward: float, turn_ends: list[int], turn_rewards: list[float],
                   per_turn: bool) -> torch.Tensor:
-    """Rewards of one trajectory's generated tokens: the episode reward on the last token and,
-    with ``per_turn``, each turn's milestone reward on that turn's last token as well."""
+    """Rewards of one trajectory's generated tokens: the episode reward (the outcome) on the last
+    token and, with ``per_turn``, progress credits on the turns that reached a new best milestone.
+
+    Progress credit: a turn whose evaluation beats the best milestone reward reached so far earns
+    the difference, on its last token; the last token then gets the outcome minus the best
+    reached. This is potential-based shaping (Ng et al. 1999) with the best-so-far as the
+    potential, so the credits of an episode sum to its outcome whatever the turns did. Calling
+    ``profile`` again on a solution that already reached its milestone earns nothing (the best
+    did not rise), and a milestone reached and then broken is paid back at the end. The best
+    starts at 0, the reward of a turn that evaluated nothing, so failed evaluations (below 0)
+    earn no credit and cost none: the outcome alone judges them.
+    """
     rewards = torch.zeros(num_tokens, dtype=torch.float32)
     if num_tokens == 0:
         return rewards
-    rewards[-1] += final_reward
+    best = 0.0
     if per_turn:
         for end, reward in zip(turn_ends, turn_rewards):
-            # A turn that generated nothing credits the token before it (the decision that led there).
-            rewards[max(end - 1, 0)] += reward
+            if reward > best:
+                # A turn that generated nothing credits the token before it (the decision that led there).
+                rewards[max(end - 1, 0)] += reward - best
+                best = reward
+    rewards[-1] += final_reward - best
     return rewards
 
 

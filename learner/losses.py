@@ -11,15 +11,20 @@ sharding change nothing.
 
 Off-policy correction (decoupled PPO, Hilton et al. 2022, with a truncated importance weight):
 
-    loss_t = -min(pi_prox / mu, cap) * min(r_t * A_t, clip(r_t, 1 - eps, 1 + eps) * A_t),
+    loss_t = -min(pi_prox / mu, cap) * min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t),
     r_t = pi_theta / pi_prox
 
 mu is the behaviour policy (the sampler's logprob). pi_prox is the policy the trust region is
-drawn around: for tokens the current policy version generated it *is* mu, so the weight is 1
-and this is plain PPO with the ratio taken against the sampling logprobs; for tokens an older
-version generated (weights were swapped while the episode ran) it is the learner's policy at
-the start of the step, and the weight corrects for the stale sampler, truncated at ``cap`` so
-that one unlikely token cannot dominate the step.
+drawn around: the learner's own scoring of every token at the start of the step (ppo.py), so
+r_t is exactly 1 on the step's first minibatch. It is not mu even for tokens of the current
+version: in bf16 the sampler's kernels and the learner's disagree, and a ratio taken against
+mu would start away from 1 and clip tokens before any update. The weight pi_prox / mu corrects
+for the sampler (a stale version, or only its numerics), truncated at ``cap`` so that one
+unlikely token cannot dominate the step.
+
+eps_high above eps_low is "clip-higher" (DAPO, Yu et al. 2025; the CUDA Agent paper's 0.2 /
+0.28): a low-probability token with a positive advantage may grow further before it is
+clipped, which keeps the policy's entropy from collapsing.
 """
 from __future__ import annotations
 
@@ -27,11 +32,14 @@ import torch
 
 
 def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
-                advantages: torch.Tensor, clip_ratio: float, importance_cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token clipped surrogate with the truncated behaviour importance weight (see module doc)."""
+                advantages: torch.Tensor, clip_ratio: float, importance_cap: float,
+                clip_ratio_high: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clipped surrogate with the truncated behaviour importance weight (see module doc);
+    ``clip_ratio`` is eps_low, ``clip_ratio_high`` eps_high (None: the same as eps_low)."""
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
     ratio = torch.exp(logprobs - prox_logprobs)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + high)
     weight = torch.exp(prox_logprobs - behaviour_logprobs).clamp(max=importance_cap).detach()
     loss = weight * torch.maximum(unclipped, clipped)
     info = {

@@ -123,4 +123,5 @@ class RFTTrainer:
             "micro_batches": float(len(micro)),
             "lr": self.policy.get_lr()[0],
             "grad_norm_policy": float(self.policy.get_global_grad_norm() or float("nan")),
+            "policy_trained": 1.0,  # every RFT step moves the policy: the driver advances its version
         }

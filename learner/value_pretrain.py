@@ -73,5 +73,6 @@ class ValuePretrainer:
             tokens=float(batch.num_tokens),
             generated_tokens=float(batch.num_generated),
             micro_batches=float(len(micro)),
+            policy_trained=0.0,  # the policy is fixed here: its version stays
         )
         return metrics

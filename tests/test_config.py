@@ -106,3 +106,20 @@ def test_every_shipped_config_loads_and_comments_every_key(name: str):
 
 def test_valid_keys_cover_nested_sections():
     assert "env.reward.compile_margin" in valid_keys()
+
+
+def test_the_paper_config_ships_the_papers_reported_settings():
+    """`cuda-agent config show paper`: the settings the CUDA Agent paper reports, on the defaults."""
+    cfg = load_config(["paper"])
+    learner = cfg.learner
+    assert (learner.clip_ratio, learner.clip_ratio_high) == (0.2, 0.28), "asymmetric clip-higher"
+    assert (learner.lr, learner.critic_lr) == (3.0e-6, 6.0e-6)
+    assert (learner.gae_lambda, learner.gamma) == (0.95, 1.0)
+    assert cfg.stage.batch_episodes >= 128, "a large batch of episodes per step"
+    assert (cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.eval.max_turns) == (150, 131072, 200)
+    assert str(cfg.stage.name.value) == "recipe"
+    text = (packaged_config_dir() / "paper.yaml").read_text()
+    for line in text.splitlines():
+        body, _, comment = line.partition("  # ")
+        if line.startswith(" ") and ":" in body and body.split(":", 1)[1].strip():  # a value, not a section
+            assert comment.startswith(("paper", "ours")), f"paper.yaml must say where each value comes from: {line!r}"

@@ -46,9 +46,33 @@ def test_gae_with_gamma_and_lambda_one_gives_monte_carlo_returns_whatever_the_va
     assert adv.tolist() == pytest.approx([2.5 - 3.0, 2.5 + 1.0, 2.0 - 0.2, 2.0 - 7.0])
 
 
-def test_episode_reward_sits_on_the_last_token_and_turn_rewards_on_each_turns_last_token():
+def test_episode_reward_sits_on_the_last_token_and_turn_credits_pay_each_rise_of_the_best_milestone():
     assert token_rewards(5, 3.0, [2, 5], [1.0, 2.0], per_turn=False).tolist() == [0, 0, 0, 0, 3.0]
-    assert token_rewards(5, 3.0, [2, 5], [1.0, 2.0], per_turn=True).tolist() == [0, 1.0, 0, 0, 5.0]
+    # correct (+1), then faster than eager (+1 more); the outcome 3 minus the best 2 on the last token
+    assert token_rewards(5, 3.0, [2, 5], [1.0, 2.0], per_turn=True).tolist() == [0, 1.0, 0, 0, 2.0]
+
+
+def test_profiling_a_correct_solution_again_and_again_earns_nothing_more():
+    """The farming attack: reach 'faster than torch.compile' (3) once, then call profile on it
+    nine more times. Every per-turn scheme that pays each turn's milestone would pay 30."""
+    ends = list(range(1, 11))
+    farmed = token_rewards(10, 3.0, ends, [3.0] * 10, per_turn=True)
+    once = token_rewards(10, 3.0, ends, [3.0] + [0.0] * 9, per_turn=True)
+    assert farmed.tolist() == once.tolist() == [3.0] + [0.0] * 9, farmed.tolist()
+    assert float(farmed.sum()) == 3.0, "the credits of an episode must sum to its outcome"
+
+
+@pytest.mark.parametrize("turn_rewards, outcome", [
+    ([1.0, -1.0, 3.0, 3.0], 3.0),  # progress, a failed attempt, the top milestone, profiled again
+    ([3.0, -1.0], -1.0),  # the top milestone reached, then broken: paid back at the end
+    ([-1.0, -1.0], -1.0),  # failures only: the outcome alone judges them
+    ([0.0, 2.0, 1.0], 2.0),  # a lower milestone after a higher one earns nothing
+])
+def test_turn_credits_always_sum_to_the_outcome_and_never_go_negative_before_the_end(turn_rewards, outcome):
+    n = len(turn_rewards)
+    rewards = token_rewards(n, outcome, list(range(1, n + 1)), turn_rewards, per_turn=True)
+    assert float(rewards.sum()) == pytest.approx(outcome), rewards.tolist()
+    assert all(r >= 0 for r in rewards[:-1].tolist()), f"a turn was charged before the end: {rewards.tolist()}"
 
 
 def test_batch_advantages_treat_each_trajectory_as_its_own_episode():
@@ -93,6 +117,28 @@ def test_policy_loss_matches_the_decoupled_clipped_surrogate_token_by_token():
         assert float(loss[t]) == pytest.approx(expected, rel=1e-5), f"token {t}: r={r:.3f} w={w:.3f} A={a}"
     assert info["importance_weight"].tolist() == pytest.approx([1.0, 1.0, 2.0, 2.0, 1.0])  # e^1 and e^1.5 capped at 2
     assert info["clipped"].tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]  # ratios e^0.5 (A>0), e^-1 and e^-2 (A<0)
+
+
+def test_clip_higher_lets_a_ratio_with_positive_advantage_rise_to_1_plus_eps_high_and_no_further():
+    """The paper's asymmetric clip, 0.2 below and 0.28 above: a token the update made 25% more
+    likely keeps its gradient under clip-higher, and is clipped under a symmetric 0.2; below 1
+    both clip at 0.8; past 1.28 clip-higher clips too."""
+    prox = torch.zeros(4)
+    logprobs = torch.log(torch.tensor([1.25, 1.25, 0.75, 1.35]))
+    adv = torch.tensor([1.0, 1.0, -1.0, 1.0])
+    _, symmetric = policy_loss(logprobs, prox, prox, adv, 0.2, 2.0)
+    _, higher = policy_loss(logprobs, prox, prox, adv, 0.2, 2.0, clip_ratio_high=0.28)
+    assert symmetric["clipped"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert higher["clipped"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_the_value_clip_scales_with_the_reward_span():
+    from actors.learner import reward_span
+    from configs.schema import RewardConfig
+
+    assert reward_span(RewardConfig()) == 4.0  # -1 (failure) to 3 (faster than torch.compile)
+    assert reward_span(RewardConfig(failure=0.0, correct=0.1, faster_than_eager=0.2, faster_than_compile=0.5)) == 0.5
+    assert reward_span(RewardConfig()) * LearnerConfig().value_clip == pytest.approx(0.8)
 
 
 def test_policy_gradient_vanishes_where_the_ratio_is_clipped_and_is_advantage_times_weight_elsewhere():

@@ -76,18 +76,20 @@ def test_ppo_raises_mean_reward_on_a_toy_verifiable_task(tiny_model_dir, learner
     trainer = PPOTrainer.create(_cfg(ppo_minibatches=2, grad_checkpointing=True), tiny_model_dir, total_steps=16)
     started = time.perf_counter()
     rewards, stale, weights, clip = [], [], [], []
+    version = 0  # the driver owns the version (actors/system.py); here the test plays the driver
     for step in range(16):
         if step % 2 == 0:
-            episodes = sample_episodes(trainer.policy.module, 16, trainer.version)
+            episodes = sample_episodes(trainer.policy.module, 16, version)
             rewards.append(sum(e.reward for e in episodes) / len(episodes))
-        m = trainer.step(episodes)
+        m = trainer.step(episodes, version=version)
+        version += int(m["policy_trained"])
         assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance"), m
         stale.append(m["stale_fraction"])
         weights.append(m["importance_weight"])
         clip.append(m["clip_frac"])
     _timing(capsys, f"PPO toy: 16 steps in {time.perf_counter() - started:.1f}s; rewards {[round(r, 2) for r in rewards]}")
     assert stale == [0.0, 1.0] * 8, "every second step trains on the previous version's episodes"
-    assert trainer.version == 16 and m["micro_batches"] == 2
+    assert version == 16 and m["micro_batches"] == 2
     assert any(c > 0 for c in clip), "the second mini-batch of a step should clip some ratios"
     assert any(abs(w - 1.0) > 1e-3 for w in weights[1::2]), "stale tokens should carry importance weights != 1"
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
@@ -100,13 +102,76 @@ def test_critic_warmup_steps_train_only_the_critic(tiny_model_dir, learner_dist)
     torch.manual_seed(1)
     trainer = PPOTrainer.create(_cfg(critic_warmup_steps=1, kl_coef=0.1), tiny_model_dir, total_steps=2)
     before = {n: p.detach().clone() for n, p in trainer.policy.module.named_parameters()}
-    episodes = sample_episodes(trainer.policy.module, 4, trainer.version)
-    m = trainer.step(episodes)
-    assert m["policy_trained"] == 0.0 and trainer.version == 0 and "policy_loss" not in m
+    episodes = sample_episodes(trainer.policy.module, 4, 0)
+    m = trainer.step(episodes, version=0)
+    assert m["policy_trained"] == 0.0 and "policy_loss" not in m
     assert all(torch.equal(p, before[n]) for n, p in trainer.policy.module.named_parameters())
-    m = trainer.step(episodes)
-    assert m["policy_trained"] == 1.0 and trainer.version == 1 and m["kl_ref"] >= 0.0
+    m = trainer.step(episodes, version=0)
+    assert m["policy_trained"] == 1.0 and m["kl_ref"] >= 0.0
     assert any(not torch.equal(p, before[n]) for n, p in trainer.policy.module.named_parameters())
+
+
+def _first_minibatch_losses(trainer, episodes, monkeypatch) -> list[dict[str, torch.Tensor]]:
+    """What policy_loss saw on the step's first minibatch (before the first optimiser step)."""
+    import learner.ppo as ppo
+
+    real, seen = ppo.policy_loss, []
+    optimiser_steps = {"n": 0}
+    real_step = trainer.policy.step
+
+    def counted_step(*args, **kwargs):
+        optimiser_steps["n"] += 1
+        return real_step(*args, **kwargs)
+
+    def spy(logprobs, prox, behaviour, advantages, clip_ratio, cap, clip_high=None):
+        loss, info = real(logprobs, prox, behaviour, advantages, clip_ratio, cap, clip_high)
+        if optimiser_steps["n"] == 0:
+            seen.append({"ratio": info["ratio"].clone(), "weight": info["importance_weight"].clone(),
+                         "clipped": info["clipped"].clone(), "prox": prox.detach().clone(),
+                         "behaviour": behaviour.detach().clone(), "cap": torch.tensor(cap)})
+        return loss, info
+
+    monkeypatch.setattr(ppo, "policy_loss", spy)
+    monkeypatch.setattr(trainer.policy, "step", counted_step)
+    trainer.step(episodes, version=0)
+    monkeypatch.undo()
+    assert seen, "the first minibatch never reached policy_loss"
+    return seen
+
+
+def test_the_ratio_starts_at_exactly_one_against_the_learners_logprobs_while_the_weight_keeps_the_samplers(
+        tiny_model_dir, learner_dist, monkeypatch):
+    """A bf16 sampler's logprobs disagree with the learner's. Perturbed behaviour logprobs stand in
+    for that: with the learner's own scoring as the proximal policy, every ratio of the first
+    minibatch is exactly 1 (nothing is clipped before an update), while the truncated importance
+    weight still compares with the sampler's logprobs. Taking the sampler's logprobs as the
+    proximal policy instead (prox_from_learner=false) starts the ratio away from 1."""
+    from learner.ppo import PPOTrainer
+
+    torch.manual_seed(4)
+    cfg = _cfg(ppo_minibatches=2, micro_batch_tokens=64, importance_cap=1.05)
+    trainer = PPOTrainer.create(cfg, tiny_model_dir, total_steps=1)
+    episodes = sample_episodes(trainer.policy.module, 8, 0)
+    noise = torch.Generator().manual_seed(0)
+    for e in episodes:  # the sampler's numerics: each logprob off by up to 0.3 (kept <= 0)
+        seg = e.segments[0]
+        seg.logprobs = [lp - float(torch.rand(1, generator=noise)) * 0.3 if m else lp
+                        for lp, m in zip(seg.logprobs, seg.loss_mask)]
+    seen = _first_minibatch_losses(trainer, episodes, monkeypatch)
+    for call in seen:
+        assert torch.equal(call["ratio"], torch.ones_like(call["ratio"])), \
+            f"first-minibatch ratios must be exactly 1, max deviation {(call['ratio'] - 1).abs().max()}"
+        assert call["clipped"].sum() == 0
+        expected = torch.exp(call["prox"] - call["behaviour"]).clamp(max=float(call["cap"]))
+        assert torch.equal(call["weight"], expected), "the importance weight is pi_prox / mu, truncated"
+        assert (call["weight"] - 1.0).abs().max() > 1e-2, "the perturbed sampler logprobs must reach the weight"
+        assert not torch.equal(call["prox"], call["behaviour"])
+
+    sampler_prox = PPOTrainer.create(_cfg(ppo_minibatches=2, micro_batch_tokens=64, prox_from_learner=False),
+                                     tiny_model_dir, total_steps=1)
+    seen = _first_minibatch_losses(sampler_prox, episodes, monkeypatch)
+    deviation = max(float((c["ratio"] - 1).abs().max()) for c in seen)
+    assert deviation > 1e-2, f"with the sampler as the proximal policy the ratio starts off 1 (max deviation {deviation})"
 
 
 # --------------------------------------------------------------------------- loss weights
@@ -128,11 +193,11 @@ def test_loss_weights_of_one_change_nothing_and_half_weights_halve_losses_and_gr
         return PPOTrainer.create(_cfg(whiten_advantages=False), tiny_model_dir, total_steps=1)
 
     plain = fresh()
-    episodes = sample_episodes(plain.policy.module, 8, plain.version)
-    base = plain.step(episodes)
-    ones = fresh().step(episodes, weights=[1.0] * len(episodes))
+    episodes = sample_episodes(plain.policy.module, 8, 0)
+    base = plain.step(episodes, version=0)
+    ones = fresh().step(episodes, weights=[1.0] * len(episodes), version=0)
     halved_trainer = fresh()
-    halved = halved_trainer.step(episodes, weights=[0.5] * len(episodes))
+    halved = halved_trainer.step(episodes, weights=[0.5] * len(episodes), version=0)
     assert base["mean_loss_weight"] == ones["mean_loss_weight"] == 1.0 and halved["mean_loss_weight"] == 0.5
     for key in ("policy_loss", "value_loss", "grad_norm_policy", "grad_norm_critic", "approx_kl", "clip_frac"):
         assert ones[key] == base[key], f"{key}: weights of 1.0 gave {ones[key]!r}, weights=None {base[key]!r}"
@@ -140,14 +205,14 @@ def test_loss_weights_of_one_change_nothing_and_half_weights_halve_losses_and_gr
     for key in ("policy_loss", "value_loss", "grad_norm_policy", "grad_norm_critic"):
         assert halved[key] == pytest.approx(base[key] / 2, rel=1e-5), f"{key}: {halved[key]!r} is not half of {base[key]!r}"
     assert halved["return_mean"] == base["return_mean"], "weights scale the losses, not the targets"
-    mixed = fresh().step(episodes, weights=[1.0, 0.5] * (len(episodes) // 2))
+    mixed = fresh().step(episodes, weights=[1.0, 0.5] * (len(episodes) // 2), version=0)
     assert mixed["mean_loss_weight"] == 0.75  # the toy episodes all have the same length
     assert base["value_loss"] / 2 < mixed["value_loss"] < base["value_loss"], "per-token value losses are positive"
 
     for bad in ([1.0] * (len(episodes) - 1), [0.0] * len(episodes), [1.5] * len(episodes), [math.nan] * len(episodes)):
         with pytest.raises(ValueError, match=r"weights"):
-            halved_trainer.step(episodes, weights=bad)
-    assert (halved_trainer.steps, halved_trainer.version) == (1, 1), "a rejected batch must not count as a step"
+            halved_trainer.step(episodes, weights=bad, version=1)
+    assert halved_trainer.steps == 1, "a rejected batch must not count as a step"
     _timing(capsys, f"loss weights: 4 PPO trainers, 4 steps in {time.perf_counter() - started:.1f}s")
 
 
@@ -163,23 +228,23 @@ def test_resume_reproduces_the_next_step_exactly(tiny_model_dir, learner_dist, t
     cfg = _cfg(ppo_minibatches=2, warmup_steps=2, lr_schedule=LRSchedule.cosine)
     torch.manual_seed(2)
     first = PPOTrainer.create(cfg, tiny_model_dir, total_steps=4)
-    batch = sample_episodes(first.policy.module, 16, first.version)
-    first.step(batch)
-    first.step(batch)  # stale the second time
-    save_checkpoint(tmp_path, 2, first.engines(), first.state())
+    batch = sample_episodes(first.policy.module, 16, 0)
+    first.step(batch, version=0)
+    first.step(batch, version=1)  # stale the second time
+    save_checkpoint(tmp_path, 2, first.engines(), {**first.state(), "version": 2})  # the driver saves its version
     assert latest_checkpoint(tmp_path).name == "step_000002"
-    next_batch = sample_episodes(first.policy.module, 16, first.version)  # consumes the saved RNG stream
-    expected = first.step(next_batch)
+    next_batch = sample_episodes(first.policy.module, 16, 2)  # consumes the saved RNG stream
+    expected = first.step(next_batch, version=2)
     expected_weights = {n: p.detach().clone() for n, p in first.policy.module.named_parameters()}
 
     torch.manual_seed(12345)  # a different stream: only the checkpoint's RNG state can give the same batch
     second = PPOTrainer.create(cfg, tiny_model_dir, total_steps=4)
     state = load_checkpoint(tmp_path, second.engines())
     second.load_state(state)
-    assert state["step"] == 2 and second.version == 2 and second.steps == 2
-    again = sample_episodes(second.policy.module, 16, second.version)
+    assert state["step"] == 2 and state["version"] == 2 and second.steps == 2
+    again = sample_episodes(second.policy.module, 16, state["version"])
     assert [e.segments[0].token_ids for e in again] == [e.segments[0].token_ids for e in next_batch]
-    got = second.step(again)
+    got = second.step(again, version=state["version"])
     for key in ("policy_loss", "value_loss", "grad_norm_policy", "grad_norm_critic", "lr", "critic_lr", "clip_frac"):
         assert got[key] == expected[key], f"{key}: resumed {got[key]!r} != original {expected[key]!r}"
     for name, p in second.policy.module.named_parameters():
