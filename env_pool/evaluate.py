@@ -29,8 +29,9 @@ from typing import Any, Mapping
 import msgpack
 
 from env_pool.compile import BACKENDS, compile_kernel
+from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
-from env_pool.results import EvalResult, InputCheck, Timing, Violation
+from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from tasks.task import Task
@@ -88,6 +89,12 @@ class EvalContext:
         return Path(os.path.expanduser(self.cfg.work_dir))
 
     @property
+    def private_paths(self) -> list[Path]:
+        """What a candidate's process must not see: the reference's folder, other candidates' compiled
+        kernels, the harness's log, and the agents' workspaces (the red team listed them all)."""
+        return [self.reference_dir, self.work_dir / "kernels", self.work_dir / "harness.log", self.work_dir / "workspaces"]
+
+    @property
     def reference_dir(self) -> Path:
         """The trusted side's folder: expected outputs and the inductor cache. Hidden from candidates."""
         return self.work_dir / "reference"
@@ -134,7 +141,11 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
         if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
     if baseline and verdict.get("eager") and verdict.get("compiled"):
-        ctx.baselines[key] = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
+        measured = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
+        if not _plausible(measured):  # cached for the worker's life: a disturbed measurement must not stick
+            verdict = {"failure": "infra", "message": f"the baselines measured implausibly ({measured}); retried"}
+        else:
+            ctx.baselines[key] = measured
     _judge(ctx, key, verdict, result, timed=mode == "full")
 
 
@@ -161,6 +172,15 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     return True
 
 
+def _plausible(base: Baseline) -> bool:
+    """A baseline to keep: above the clock's floor, with an IQR below twice its median.
+
+    The red team made a concurrent import child storm the CPUs during a task's first
+    baseline; cached, a floor-level or wildly noisy baseline would decide every later reward.
+    """
+    return all(t.median_ms > 2 * MIN_NET_MS and t.iqr_ms < 2 * t.median_ms for t in (base.eager, base.compiled))
+
+
 def split_cpus(threads: int) -> tuple[list[int], list[int]]:
     """(the servers' CPUs, the harness's): the first ``threads`` of this process's set, and the rest.
 
@@ -184,7 +204,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "memory_mb": int(cfg.memory_limit_mb),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
-               "hidden": [str(ctx.reference_dir)], "required_isolation": required}
+               "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}
     limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
     return await asyncio.to_thread(ctx.harness.request, payload, limit)
 
@@ -193,8 +213,9 @@ async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
     """The load_inline build: the candidate's model_new.py imported once, sandboxed, under the compile limit."""
     cfg = ctx.cfg
     payload = {"role": "import", "backend": backend, "threads": cfg.threads}
+    _, own = split_cpus(int(cfg.threads))  # off the servers' CPUs: a build must not disturb a timed run
     limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
-                           hidden_paths=[ctx.reference_dir], required_isolation=UNTRUSTED_ISOLATION)
+                           hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
     env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / ".torch_extensions"),
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
@@ -214,7 +235,8 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
     if verdict.get("failure") and not result.violations:
-        return _set_failure(result, verdict["failure"], verdict.get("message", ""))
+        kind = verdict["failure"] if verdict["failure"] in FAILURE_KINDS else "crash"  # never an unknown kind
+        return _set_failure(result, kind, verdict.get("message", ""))
     if result.violations:  # a guard's reason explains a failure best (an import it refused, say)
         return _set_failure(result, "guard", "rejected: " + "; ".join(f"[{v.guard}] {v.reason}" for v in result.violations))
     if not verdict.get("ok") or not result.checks:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ import torch
 from env_pool.inputs import adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
-from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs
@@ -53,6 +54,7 @@ from tasks.task import Task, build_problem
 SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
 MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
+REPORT_BYTES = 64 << 10  # a server's report is a few lines of text; more is dropped (and fails a candidate)
 KEPT_OUTPUTS = 5  # checked outputs kept for the "does the output vary with the inputs" test
 OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
 
@@ -107,7 +109,6 @@ class Rounds:
         # timed window would add page faults (CPU) or allocator work to every round.
         self.snapshots = [torch.empty_like(o) for o in self.out_views]
         self.flusher = CacheFlusher(self.device)
-        self.seq = 0
 
     def close(self) -> None:
         self.control.close()
@@ -128,41 +129,54 @@ class Rounds:
         todo = rounds if isinstance(rounds, list) else [None] * rounds
         for given in todo:
             inputs = given if given is not None else self.fresh_inputs()
-            self._stage(inputs)
+            nonce = self._prepare(inputs)
             start = time.perf_counter_ns()
-            self.seq += 1
-            self.control.words[GO] = self.seq
-            status = self._wait_done(thread)
+            self._write_inputs(inputs)  # inside the window: no round's inputs exist before its clock runs
+            self.control.words[GO] = nonce
+            status = self._wait_done(thread, nonce)
             for kept, out in zip(self.snapshots, self.out_views):
                 kept.copy_(out)
             synchronize(self.device)
             run.samples_ns.append(time.perf_counter_ns() - start)
             if status < 0:
-                raise RoundsFailed(*_kind_and_message(self.control.message(), "crash"))
+                kind, message = _kind_and_message(self.control.message(), "crash")
+                raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
             run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
             if check:
                 self._check(run, inputs, self.snapshots)
         return run
 
-    def _stage(self, inputs: list[Any]) -> None:
-        for view, value, scalar in zip(self.arg_views, inputs, self.scalars):
-            if view is None:
-                if value != scalar:
-                    raise RuntimeError("the task's non-tensor inputs change from call to call; the environment "
-                                       "holds them constant")
-                continue
-            view.copy_(value)
+    def _prepare(self, inputs: list[Any]) -> int:
+        """Everything before a round's clock starts; returns the round's nonce.
+
+        The outputs are poisoned (a missing output cannot pass) and the caches flushed (every
+        round starts cold) before the clock, and the inputs written only after it starts: a
+        server that watches the slots can do nothing ahead of time (the red team's
+        prestage_watcher computed during the flush). The nonce is unguessable and DONE is
+        cleared: a DONE written before GO, or left by another server, never matches it.
+        """
+        for value, scalar in zip(inputs, self.scalars):
+            if scalar is not None and value != scalar:
+                raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
         for out in self.out_views:
-            out.fill_(float("nan") if out.is_floating_point() else -7777777)  # a missing output cannot pass
-        self.flusher()  # after the inputs are written: every round starts from cold caches
+            out.fill_(float("nan") if out.is_floating_point() else -7777777)
+        self.flusher()
+        self.control.words[DONE] = 0
+        synchronize(self.device)
+        return secrets.randbits(62) | (1 << 61)
+
+    def _write_inputs(self, inputs: list[Any]) -> None:
+        for view, value in zip(self.arg_views, inputs):
+            if view is not None:
+                view.copy_(value)
         synchronize(self.device)
 
-    def _wait_done(self, thread: threading.Thread) -> int:
-        words, seq = self.control.words, self.seq
+    def _wait_done(self, thread: threading.Thread, nonce: int) -> int:
+        words = self.control.words
         spins = 0
         while True:
             done = words[DONE]
-            if done == seq or done == -seq:
+            if done == nonce or done == -nonce:
                 return done
             spins += 1
             if spins % SPIN_CHECK == 0 and not thread.is_alive():
@@ -183,18 +197,23 @@ class Rounds:
         if not check.passed:
             raise RoundsFailed("wrong", f"wrong on round {check.index}: {check.reason}")
 
-    def wait_ready(self, phase: int, thread: threading.Thread) -> None:
+    def wait_ready(self, phase: int, thread: threading.Thread, trusted: bool) -> None:
+        """Wait for the server's phase; a failed build is the candidate's in a server that loads its code.
+
+        Such a server never reports "infra": whatever it writes may be the candidate's forgery (the
+        red team raised serve.py's own RoundError("infra") from ModelNew). The one real infra cause
+        there, a seccomp filter that will not install, is ruled out by seccomp_works() beforehand.
+        """
         words = self.control.words
         while words[READY] not in (phase + 1, -(phase + 1)):
             if not thread.is_alive():
                 raise ServerGone()
             time.sleep(0.001)  # model builds take seconds: no need to spin here
         if words[READY] < 0:
-            secured = bool(words[SECURED])
             kind, message = _kind_and_message(self.control.message(), "crash")
-            if kind == "infra" and secured:
-                kind = "crash"  # candidate code had run by then: an "infra" claim could be its forgery
-            raise RoundsFailed({"import": "compile_error"}.get(kind, kind), message)
+            if trusted:
+                raise RoundsFailed(kind if kind in ("infra", "out_of_memory") else "infra", message)
+            raise RoundsFailed({"import": "compile_error", "out_of_memory": "out_of_memory"}.get(kind, "crash"), message)
 
 
 class ServerGone(Exception):
@@ -221,7 +240,8 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
                "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
                "seccomp": bool(p.get("seccomp", True)), "watched": not trusted}
     hidden = [] if trusted else [Path(h) for h in p["hidden"]]
-    limits = SandboxLimits(wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]), memory_mb=int(p["memory_mb"]), use_gpu=rounds.device == "cuda",
+    limits = SandboxLimits(wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]), memory_mb=int(p["memory_mb"]),
+                           use_gpu=rounds.device == "cuda", max_result_bytes=REPORT_BYTES,
                            hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
                            # The baselines' server writes the shared inductor cache; it runs trusted code only.
                            skip_isolation=("readonly-root",) if trusted else (), **_cpu_limits(p))
@@ -233,7 +253,7 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
            "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
     for fd in (rounds.control.fd, rounds.memory.fd):
         os.set_inheritable(fd, True)
-    for word in (READY, DONE, SECURED):  # a fresh server: nothing an earlier one wrote counts
+    for word in (GO, READY, DONE):  # a fresh server: nothing an earlier one wrote counts (a planted GO included)
         rounds.control.words[word] = 0
     rounds.control.set_message("")
     box: dict = {}
@@ -250,6 +270,18 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
     return ServerRun(thread, box)
 
 
+_SECCOMP_WORKS: list[bool] = []
+
+
+def seccomp_works() -> bool:
+    """Whether the server's seccomp filter installs here: tried once, in a throwaway trusted process."""
+    if not _SECCOMP_WORKS:
+        probe = subprocess.run([sys.executable, "-c", "from env_pool.seccomp import forbid_processes; forbid_processes()"],
+                               capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        _SECCOMP_WORKS.append(probe.returncode == 0)
+    return _SECCOMP_WORKS[0]
+
+
 def _cpu_limits(p: dict) -> dict:
     cpus = tuple(int(c) for c in p.get("cpus", ()))
     return {"cpus": cpus} if cpus and "cpus" in SandboxLimits.__dataclass_fields__ else {}
@@ -262,7 +294,7 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
     failure: RoundsFailed | None = None
     try:
         for index, (name, todo, check) in enumerate(phases):
-            rounds.wait_ready(index, server.thread)
+            rounds.wait_ready(index, server.thread, trusted)
             runs[name] = rounds.run_phase(server.thread, todo, check)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
     except RoundsFailed as err:
@@ -279,6 +311,8 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
     report = _untrusted_report(server.outcome)
     report["output"] = server.outcome.output[-4000:]
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True))) or failure
+    if failure is None and not trusted and not report["readable"]:
+        failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
     if failure is not None:
         failure.output, failure.violations = report["output"], report["violations"] + failure.violations
         raise failure
@@ -306,19 +340,29 @@ def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFaile
     return None
 
 
+REPORT_LIMITS = {"max_str_len": 4096, "max_bin_len": 4096, "max_array_len": 256, "max_map_len": 64, "max_ext_len": 0}
+
+
 def _untrusted_report(outcome: SandboxOutcome | None) -> dict:
-    """The server's result channel, as untrusted msgpack: only short strings survive."""
+    """The server's result channel, as untrusted msgpack: only short strings survive.
+
+    ``readable`` is False when the report is missing, oversized, malformed or has trailing
+    bytes: a candidate's server whose report cannot be read fails (the red team's one stray
+    byte made the old parser drop every guard violation). Unpacked with msgpack's size limits:
+    a crafted report must not cost the trusted side memory or time.
+    """
     try:
-        raw = msgpack.unpackb(outcome.result, strict_map_key=True) if outcome and outcome.result else {}
+        raw = msgpack.unpackb(outcome.result, strict_map_key=True, **REPORT_LIMITS) if outcome and outcome.result else None
     except Exception:
-        raw = {}
-    raw = raw if isinstance(raw, dict) else {}
+        raw = None
+    readable = isinstance(raw, dict)
+    raw = raw if readable else {}
     violations = []
     for v in raw.get("violations", [])[:50] if isinstance(raw.get("violations"), list) else []:
         if isinstance(v, dict) and isinstance(v.get("guard"), str) and isinstance(v.get("reason"), str):
             violations.append({"guard": v["guard"][:40], "reason": v["reason"][:400]})
     text = lambda key: raw.get(key)[:1000] if isinstance(raw.get(key), str) else ""  # noqa: E731
-    return {"violations": violations, "stage": text("stage"), "error": text("error")}
+    return {"violations": violations, "stage": text("stage"), "error": text("error"), "readable": readable}
 
 
 def _kind_and_message(message: str, default: str) -> tuple[str, str]:
@@ -357,6 +401,10 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
         null = runs["null"].samples_ns[warmup:]
         for name in ("eager", "compiled"):
             result[name] = net_timing(runs[name].samples_ns[warmup:], null).__dict__
+    if payload.get("seccomp", True) and not seccomp_works():
+        result.update(failure="infra", message="the seccomp filter cannot be installed on this machine: candidates are "
+                                               "not run without it (env.seccomp=false turns it off, for comparisons only)")
+        return result
     checked = int(payload["correctness_inputs"])
     # Every round is checked (and watched by the server's fallback detector). Extreme sets
     # (adversarial_inputs) come after the first `checked`; timing reads only the last `reps` rounds.

@@ -257,7 +257,7 @@ async def _run(ctx: EvalContext, scratch: Path) -> str:
     cfg = ctx.cfg
     admin = counters_admin_only() and bool(cfg.ncu_admin)
     limits = SandboxLimits(wall_s=float(cfg.ncu_timeout_s), memory_mb=cfg.memory_limit_mb, use_gpu=True, loopback=True,
-                           hidden_paths=[ctx.reference_dir],
+                           hidden_paths=ctx.private_paths,
                            keep_capabilities=("CAP_SYS_ADMIN",) if admin else (),
                            required_isolation=tuple(r for r in UNTRUSTED_ISOLATION if not (admin and r == "no-caps")))
     outcome = await asyncio.to_thread(run_sandboxed, ncu_command(find_ncu(), int(cfg.ncu_max_kernels)), b"", scratch,

@@ -1,9 +1,9 @@
 """The memory of the round protocol: a control block and the input and output slots.
 
 The trusted harness (env_pool/harness.py) and a server (env_pool/serve.py, sandboxed) map the
-same memory. The harness writes each round's fresh inputs into the input slots and its
-sequence number into ``GO``; the server runs the model, copies the outputs into the output
-slots and writes the sequence number into ``DONE``. Both sides spin on these words instead of
+same memory. The harness writes each round's fresh inputs into the input slots and a fresh
+nonce into ``GO``; the server runs the model, copies the outputs into the output slots and
+writes the nonce into ``DONE``. Both sides spin on these words instead of
 sleeping in a pipe read, so a round's overhead is a few microseconds and nearly constant.
 
 Deliberately shared across the trust boundary: this module holds only the layout. The server's
@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-# Control words (int64 each) in the control block. SECURED: set by the server once the seccomp
-# filter is in and the guards are armed, before candidate code loads; an "infra" complaint after
-# it may be the candidate's forgery, before it cannot be (no candidate code had run).
-GO, DONE, READY, SECURED = 0, 1, 2, 3
+# Control words (int64 each) in the control block. GO carries a fresh unguessable nonce each
+# round (or STOP, or a phase's end); DONE must echo it (or its negation, for a failed round).
+GO, DONE, READY = 0, 1, 2
 STOP = -1  # GO: leave the server's loop and exit
 CONTROL_BYTES = 4096
 MESSAGE_AT, MESSAGE_BYTES = 1024, 3072  # the server's last error text (untrusted, for messages only)

@@ -40,7 +40,7 @@ import torch
 from env_pool import guards, seccomp
 from env_pool.inputs import make_model
 from env_pool.profile import synchronize
-from env_pool.rounds import DONE, GO, READY, SECURED, STOP, Control, Layout, SlotMemory
+from env_pool.rounds import DONE, GO, READY, STOP, Control, Layout, SlotMemory
 from env_pool.sandbox import child_exit, child_result_channel
 from tasks.task import Task, build_problem
 
@@ -124,7 +124,6 @@ def _build_candidate(payload: dict, problem, device: str, report: dict, ctrl: Co
     report["_guards"] = (state, guards.snapshot_watched(), guards.live_threads())
     guards.forget_environment_modules()
     state.armed = True
-    ctrl.words[SECURED] = 1
     try:
         module = load_solution(scratch)
     except Exception as err:

@@ -16,7 +16,7 @@ import torch
 
 from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _untrusted_report, net_timing
 from env_pool.harness_process import HarnessProcess
-from env_pool.rounds import READY, SECURED, Control, SlotMemory, plan_layout
+from env_pool.rounds import READY, Control, SlotMemory, plan_layout
 from env_pool.sandbox import SandboxOutcome
 
 
@@ -32,13 +32,18 @@ def test_net_time_is_the_round_less_the_null_phase_median_with_a_floor():
 
 
 def test_the_server_report_keeps_only_short_well_formed_strings():
-    forged = msgpack.packb({"violations": [{"guard": "x" * 100, "reason": "r" * 5000}, {"guard": 1, "reason": "y"}, "junk"],
-                            "stage": "s" * 5000, "error": ["not", "text"], "candidate": {"median_ms": 1e-9}})
+    forged = msgpack.packb({"violations": [{"guard": "x" * 100, "reason": "r" * 3000}, {"guard": 1, "reason": "y"}, "junk"],
+                            "stage": "s" * 3000, "error": ["not", "text"], "candidate": {"median_ms": 1e-9}})
     report = _untrusted_report(outcome(forged))
-    assert report["violations"] == [{"guard": "x" * 40, "reason": "r" * 400}]
+    assert report["violations"] == [{"guard": "x" * 40, "reason": "r" * 400}] and report["readable"]
     assert len(report["stage"]) == 1000 and report["error"] == "" and "candidate" not in report
-    assert _untrusted_report(outcome(b"\xc1not msgpack")) == {"violations": [], "stage": "", "error": ""}
-    assert _untrusted_report(outcome(msgpack.packb([1, 2]))) == {"violations": [], "stage": "", "error": ""}
+    empty = {"violations": [], "stage": "", "error": "", "readable": False}
+    assert _untrusted_report(outcome(b"\xc1not msgpack")) == empty
+    assert _untrusted_report(outcome(msgpack.packb([1, 2]))) == empty
+    assert _untrusted_report(outcome(b"\xc0" + msgpack.packb({"violations": []}))) == empty  # a stray byte first
+    assert _untrusted_report(outcome(msgpack.packb({"violations": []}) + b"\xc0")) == empty  # or trailing
+    bomb = b"\xdd" + (10**6).to_bytes(4, "big") + b"\x90" * 10**6  # a million empty arrays in 1 MB
+    assert _untrusted_report(outcome(msgpack.packb({"v": 1})[:0] + bomb)) == empty
 
 
 @pytest.mark.parametrize("message, kind", [
@@ -51,19 +56,21 @@ def test_the_server_message_names_a_failure_never_a_success(message, kind):
     assert _kind_and_message(message, "crash")[0] == kind
 
 
-def test_an_infra_claim_after_candidate_code_loaded_is_the_candidates_failure():
+def test_a_server_that_loads_candidate_code_can_never_claim_infra():
     control = Control.create()
     try:
         fake = SimpleNamespace(control=control)
         alive = threading.Thread(target=lambda: None)
-        control.set_message("[infra] could not install the seccomp filter")
+        control.set_message("[infra] could not install the seccomp filter")  # what the red team forged
         control.words[READY] = -1
-        with pytest.raises(RoundsFailed) as before:
-            Rounds.wait_ready(fake, 0, alive)  # nothing of the candidate's had run: the environment's fault
-        control.words[SECURED] = 1
-        with pytest.raises(RoundsFailed) as after:
-            Rounds.wait_ready(fake, 0, alive)  # its code had loaded: it may have written the claim itself
-        assert (before.value.kind, after.value.kind) == ("infra", "crash")
+        with pytest.raises(RoundsFailed) as candidate:
+            Rounds.wait_ready(fake, 0, alive, trusted=False)
+        with pytest.raises(RoundsFailed) as baseline:
+            Rounds.wait_ready(fake, 0, alive, trusted=True)
+        control.set_message("[import] SyntaxError: invalid syntax (at model_new.py:3)")
+        with pytest.raises(RoundsFailed) as bad_import:
+            Rounds.wait_ready(fake, 0, alive, trusted=False)
+        assert (candidate.value.kind, baseline.value.kind, bad_import.value.kind) == ("crash", "infra", "compile_error")
     finally:
         control.close()
         os.close(control.fd)
