@@ -26,6 +26,7 @@ serves the reference: it is the same code, in the same kind of process):
 """
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import statistics
@@ -244,15 +245,13 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
                            use_gpu=rounds.device == "cuda", max_result_bytes=REPORT_BYTES,
                            hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
                            # The baselines' server writes the shared inductor cache; it runs trusted code only.
-                           skip_isolation=("readonly-root",) if trusted else (), **_cpu_limits(p))
+                           skip_isolation=("readonly-root",) if trusted else (), cpus=tuple(int(c) for c in p.get("cpus", ())))
     env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
            "TORCHINDUCTOR_CACHE_DIR": str(p["inductor_dir"] if trusted else cwd / ".inductor"),
            # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
            # baseline that compiles in seconds in-process.
            "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
-    for fd in (rounds.control.fd, rounds.memory.fd):
-        os.set_inheritable(fd, True)
     for word in (GO, READY, DONE):  # a fresh server: nothing an earlier one wrote counts (a planted GO included)
         rounds.control.words[word] = 0
     rounds.control.set_message("")
@@ -270,21 +269,12 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
     return ServerRun(thread, box)
 
 
-_SECCOMP_WORKS: list[bool] = []
-
-
+@functools.lru_cache(maxsize=None)
 def seccomp_works() -> bool:
     """Whether the server's seccomp filter installs here: tried once, in a throwaway trusted process."""
-    if not _SECCOMP_WORKS:
-        probe = subprocess.run([sys.executable, "-c", "from env_pool.seccomp import forbid_processes; forbid_processes()"],
-                               capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        _SECCOMP_WORKS.append(probe.returncode == 0)
-    return _SECCOMP_WORKS[0]
-
-
-def _cpu_limits(p: dict) -> dict:
-    cpus = tuple(int(c) for c in p.get("cpus", ()))
-    return {"cpus": cpus} if cpus and "cpus" in SandboxLimits.__dataclass_fields__ else {}
+    probe = subprocess.run([sys.executable, "-c", "from env_pool.seccomp import forbid_processes; forbid_processes()"],
+                           capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return probe.returncode == 0
 
 
 def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd: Path, trusted: bool) -> tuple[dict, dict]:

@@ -23,7 +23,7 @@ import ctypes
 import fcntl
 import mmap
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -67,7 +67,6 @@ class Layout:
     outputs: list[Slot]
     size: int
     device: str  # "cpu" or "cuda"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,8 +74,7 @@ class Layout:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Layout":
         args = [{"slot": Slot(**a["slot"])} if "slot" in a else {"value": a["value"]} for a in d["args"]]
-        return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"],
-                   extra=dict(d.get("extra", {})))
+        return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"])
 
 
 def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str) -> Layout:
@@ -127,25 +125,23 @@ class Control:
 class SlotMemory:
     """The slots' memory: a memfd on the CPU, an fd-exported CUDA VMM allocation on a GPU."""
 
-    def __init__(self, fd: int, size: int, device: str, owner: bool):
+    def __init__(self, fd: int, size: int, device: str):
         self.fd, self.size, self.device = fd, size, device
         if device == "cpu":
             self._map = mmap.mmap(fd, size)
-            self.base = torch.frombuffer(self._map, dtype=torch.uint8, count=size)
         else:
-            self._vmm = _Vmm(fd, size, owner)
-            self.base = self._vmm.tensor()
+            self._vmm = _Vmm(fd, size)
 
     @classmethod
     def create(cls, size: int, device: str) -> "SlotMemory":
         if device == "cpu":
-            return cls(_sealed_memfd("cuda-agent-slots", size), size, device, owner=True)
+            return cls(_sealed_memfd("cuda-agent-slots", size), size, device)
         fd, size = _Vmm.export(size)
-        return cls(fd, size, device, owner=True)
+        return cls(fd, size, device)
 
     @classmethod
     def attach(cls, fd: int, size: int, device: str) -> "SlotMemory":
-        return cls(fd, size, device, owner=False)
+        return cls(fd, size, device)
 
     def view(self, slot: Slot) -> torch.Tensor:
         """A tensor of its own over the slot's bytes: no version counter shared with other slots."""
@@ -156,7 +152,6 @@ class SlotMemory:
         return raw.view(slot.torch_dtype).view(slot.shape)
 
     def close(self) -> None:
-        self.base = None
         if self.device == "cpu":
             try:
                 self._map.close()
@@ -224,10 +219,10 @@ class _Vmm:
 
     _lib: Any = None
 
-    def __init__(self, fd: int, size: int, owner: bool):
+    def __init__(self, fd: int, size: int):
         cu = self.driver()
         torch.zeros(1, device="cuda")  # the primary context, current on this thread
-        self.size, self.owner = size, owner
+        self.size = size
         self.handle = ctypes.c_ulonglong()
         _check(cu.cuMemImportFromShareableHandle(ctypes.byref(self.handle), ctypes.c_void_p(fd),
                                                  _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")
@@ -262,9 +257,6 @@ class _Vmm:
                                                ctypes.c_ulonglong(0)), "cuMemExportToShareableHandle")
         cu.cuMemRelease(handle)  # the fd and the mappings made from it keep the memory alive
         return fd.value, size
-
-    def tensor(self) -> torch.Tensor:
-        return torch.as_tensor(_CudaArray(self.ptr.value, self.size), device="cuda")
 
     def close(self) -> None:
         cu = self.driver()

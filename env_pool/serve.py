@@ -75,7 +75,7 @@ def serve(payload: dict, report: dict) -> None:
     for index, phase in enumerate(payload["phases"]):
         report["stage"] = f"build {phase}"
         try:
-            model, armed = _build(phase, payload, problem, device, outs, report, ctrl)
+            model, armed = _build(phase, payload, problem, device, outs, report)
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
             ctrl.set_message(f"[{kind}] {short_error(err)}")
@@ -91,7 +91,7 @@ def serve(payload: dict, report: dict) -> None:
             return
 
 
-def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Tensor], report: dict, ctrl: Control):
+def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Tensor], report: dict):
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
         # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op
@@ -104,11 +104,11 @@ def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Ten
             model = torch.compile(model, mode=None if mode == "default" else mode)
         return model, None
     if phase == "candidate":
-        return _build_candidate(payload, problem, device, report, ctrl)
+        return _build_candidate(payload, problem, device, report)
     raise ValueError(f"unknown phase {phase!r}")
 
 
-def _build_candidate(payload: dict, problem, device: str, report: dict, ctrl: Control):
+def _build_candidate(payload: dict, problem, device: str, report: dict):
     reference = make_model(problem, payload["init_seed"], device)
     state_dict = {k: v.clone() for k, v in reference.state_dict().items()}
     del reference

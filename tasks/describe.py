@@ -60,6 +60,6 @@ def describe_task(task: Task, backend: str) -> TaskShape:
 
 
 def _meta_only(err: Exception) -> bool:
-    """Whether an error says only that the meta device cannot do this (no data to read)."""
-    text = str(err)
-    return isinstance(err, NotImplementedError) or "meta tensor" in text or "on meta" in text or "'meta'" in text
+    """Whether an error says only that the meta device cannot do this: torch has no exception type
+    for it, only NotImplementedError (no Meta kernel) or a RuntimeError naming meta (.item())."""
+    return isinstance(err, NotImplementedError) or "meta" in str(err).lower()
