@@ -151,6 +151,7 @@ class EnvConfig:
     compile_mode: str = "default"  # torch.compile mode of the baseline: default or max-autotune
     threads: int = 1  # CPU threads of the reference and the candidate (torch and OpenMP), the same for both
     work_dir: str = "~/.cache/cuda-agent/env"  # compile cache, scratch folders, and the verifier's private data
+    code_sampling: bool = True  # the harness samples the candidate's CPUs during its rounds and rejects library or torch code doing the work (env_pool/code_sampler.py, read in env_pool/evaluate.py); needs perf_event_open (root or CAP_PERFMON): without it evaluations are infra; False only for comparisons
     seccomp: bool = True  # kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
     ncu_timeout_s: float = 180.0  # wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
     ncu_max_kernels: int = 20  # kernel launches of one forward call that ncu profiles and summarises

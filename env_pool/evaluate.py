@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import msgpack
 
+from env_pool.code_sampler import EXTENSIONS
 from env_pool.compile import BACKENDS, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
@@ -157,6 +158,7 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
         shutil.copyfile(built.library, scratch / "kernel.so")
+        seal(scratch / "kernel.so")
         return True
     if "cpp_extension" not in files[SOLUTION_FILE]:
         return True  # plain Python: the candidate's own server imports it
@@ -169,7 +171,24 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
         kind = "timeout" if outcome.timed_out else "compile_error"
         return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
+    # What the build left is the candidate's own code from here on (and only what it left now).
+    for library in (scratch / EXTENSIONS).glob("*/*.so"):
+        if library.is_file() and not library.is_symlink():
+            seal(library)
     return True
+
+
+def seal(target: Path) -> None:
+    """Make a built library in the scratch folder unchangeable by the candidate's server.
+
+    The harness's code sampler counts code in these files (by inode) as the candidate's own:
+    were one writable, a candidate could overwrite it with a library's code before loading it.
+    Read-only, and owned by nobody when this worker is root: the candidate's process has no
+    capabilities, so it can neither write nor chmod it (replacing it makes a new inode).
+    """
+    os.chmod(target, 0o555)
+    if os.geteuid() == 0:
+        os.chown(target, 65534, 65534)
 
 
 def _plausible(base: Baseline) -> bool:
@@ -197,11 +216,13 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     """One request to the worker's warm trusted harness (env_pool/harness_process.py)."""
     cfg = ctx.cfg
     servers, _ = split_cpus(int(cfg.threads))
-    required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if backend == "cpp" else [])
+    # Pinned on every backend while the code sampler runs: it samples the servers' CPUs only.
+    pinned = backend == "cpp" or bool(cfg.code_sampling)
+    required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if pinned else [])
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
                "threads": int(cfg.threads), "cpus": servers, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
-               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "memory_mb": int(cfg.memory_limit_mb),
+               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
                "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}
@@ -216,7 +237,7 @@ async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
     _, own = split_cpus(int(cfg.threads))  # off the servers' CPUs: a build must not disturb a timed run
     limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
-    env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / ".torch_extensions"),
+    env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / EXTENSIONS),
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
 
@@ -232,6 +253,7 @@ def _decode(outcome: SandboxOutcome) -> dict:
 def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     """The harness's verdict (trusted) as an EvalResult."""
     result.run_log = str(verdict.get("run_log", ""))[-4000:]
+    result.code_samples = verdict.get("code_samples") or {}
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
     if verdict.get("failure") and not result.violations:
@@ -245,8 +267,11 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
         base = ctx.baselines.get(key)
         if base is None:
             return _set_failure(result, "infra", "no baseline timing for this task")
-        result.candidate = Timing(**verdict["candidate"])
         result.eager, result.compiled = base.eager, base.compiled
+        if "candidate" not in verdict:  # correct, but too fast for the protocol to time: no speed milestone
+            result.message = str(verdict.get("timing_note", "the candidate's time could not be resolved"))
+            return
+        result.candidate = Timing(**verdict["candidate"])
 
 
 def _set_failure(result: EvalResult, kind: str, message: str) -> bool:

@@ -59,6 +59,7 @@ PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", 
 class GuardState:
     scratch: Path  # the only folder the candidate may write to
     read_roots: tuple[str, ...]  # folders the candidate may read: its scratch, Python, its libraries
+    path_dirs: frozenset[str] = frozenset()  # sys.path's folders: listed by the import system (its finder's cache refresh), never read
     armed: bool = False
     violations: list[Violation] = field(default_factory=list)
 
@@ -120,7 +121,9 @@ def _audit_hook(state: GuardState):
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             _check_open(state, os.fsdecode(args[0]), args[1] if len(args) > 1 else "r", args[2] if len(args) > 2 else 0, proc_self)
         elif event in ("os.listdir", "os.scandir") and args and args[0] is not None:
-            _check_read(state, os.fsdecode(args[0]) if not isinstance(args[0], int) else ".", proc_self)
+            folder = os.fsdecode(args[0]) if not isinstance(args[0], int) else "."
+            if os.path.realpath(folder) not in state.path_dirs:  # a lazy import re-lists a changed sys.path folder
+                _check_read(state, folder, proc_self)
 
     return hook
 
@@ -158,7 +161,8 @@ def install(scratch: Path) -> GuardState:
     """Install the import blocker and the audit hook, unarmed; call arm() before candidate code runs."""
     roots = {str(scratch), sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(torch.__file__)}
     roots.update(p for p in sys.path if p and os.path.isdir(p) and not _is_project_dir(p))
-    state = GuardState(scratch=scratch, read_roots=tuple(sorted(os.path.realpath(r) for r in roots)))
+    state = GuardState(scratch=scratch, read_roots=tuple(sorted(os.path.realpath(r) for r in roots)),
+                       path_dirs=frozenset(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)))
     sys.meta_path.insert(0, _ImportBlocker(state))
     sys.addaudithook(_audit_hook(state))
     return state

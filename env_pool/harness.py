@@ -41,6 +41,7 @@ from typing import Any
 import msgpack
 import torch
 
+from env_pool.code_sampler import EXTENSIONS, CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
 from env_pool.inputs import adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
@@ -55,6 +56,8 @@ from tasks.task import Task, build_problem
 SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
 MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
+NULL_ROUNDS = 5  # the null phase's rounds in verify mode (full mode times warmup + repetitions of them)
+STAGING_FLOOR = 0.25  # a net time under this fraction of the round's input and output copies is not a kernel's
 REPORT_BYTES = 64 << 10  # a server's report is a few lines of text; more is dropped (and fails a candidate)
 KEPT_OUTPUTS = 5  # checked outputs kept for the "does the output vary with the inputs" test
 OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
@@ -75,10 +78,12 @@ class PhaseRun:
     """What the harness measured of one phase: raw round times (ns) and the checks it made."""
 
     samples_ns: list[int] = field(default_factory=list)
+    staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output copies, per round
     checks: list[InputCheck] = field(default_factory=list)
     kept: list[list[torch.Tensor]] = field(default_factory=list)
     expected: list[list[torch.Tensor]] = field(default_factory=list)
     mutated: bool = False
+    code: CodeLedger | None = None  # where the server's CPU time went in the rounds (a candidate's server only)
 
 
 class Rounds:
@@ -124,21 +129,37 @@ class Rounds:
             values = self.problem.get_inputs()
         return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
 
-    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | None] | int, check: bool) -> PhaseRun:
-        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh), or a count of fresh ones."""
-        run = PhaseRun()
+    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | None] | int, check: bool,
+                  sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None) -> PhaseRun:
+        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh), or a count of fresh ones.
+
+        With a ``sampler``, the servers' CPUs are sampled from GO to DONE of every round (every
+        server's, so all pay the same); with ``sampling`` too, each round's samples are
+        attributed after the round (outside its time).
+        """
+        run = PhaseRun(code=sampling.ledger if sampling is not None else None)
         todo = rounds if isinstance(rounds, list) else [None] * rounds
         for given in todo:
             inputs = given if given is not None else self.fresh_inputs()
             nonce = self._prepare(inputs)
             start = time.perf_counter_ns()
             self._write_inputs(inputs)  # inside the window: no round's inputs exist before its clock runs
+            if sampler is not None:
+                sampler.enable(True)
+            go_at = time.perf_counter_ns()
             self.control.words[GO] = nonce
-            status = self._wait_done(thread, nonce)
+            status = self._wait_done(thread, nonce, sampling)
+            done_at = time.perf_counter_ns()
+            if sampler is not None:
+                sampler.enable(False)
             for kept, out in zip(self.snapshots, self.out_views):
                 kept.copy_(out)
             synchronize(self.device)
-            run.samples_ns.append(time.perf_counter_ns() - start)
+            end = time.perf_counter_ns()
+            run.samples_ns.append(end - start)
+            run.staging_ns.append((go_at - start) + (end - done_at))
+            if sampling is not None:  # the server's work between GO and DONE (not its spin while inputs are written)
+                sampling.round_done(go_at, done_at)
             if status < 0:
                 kind, message = _kind_and_message(self.control.message(), "crash")
                 raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
@@ -172,7 +193,7 @@ class Rounds:
                 view.copy_(value)
         synchronize(self.device)
 
-    def _wait_done(self, thread: threading.Thread, nonce: int) -> int:
+    def _wait_done(self, thread: threading.Thread, nonce: int, sampling: PhaseSampling | None) -> int:
         words = self.control.words
         spins = 0
         while True:
@@ -180,8 +201,11 @@ class Rounds:
             if done == nonce or done == -nonce:
                 return done
             spins += 1
-            if spins % SPIN_CHECK == 0 and not thread.is_alive():
-                raise ServerGone()
+            if spins % SPIN_CHECK == 0:
+                if not thread.is_alive():
+                    raise ServerGone()
+                if sampling is not None:
+                    sampling.poll()
 
     def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor]) -> None:
         # On the device: every round is checked, and a 128 MB output compared in float64 on the
@@ -232,6 +256,16 @@ class ServerRun:
     def outcome(self) -> SandboxOutcome | None:
         return self.box.get("outcome")
 
+    def pids(self) -> set[int]:
+        """The run's processes (the shim and its descendants), as this process's PID namespace numbers them."""
+        import psutil
+
+        shim = self.box.get("shim")
+        try:
+            return {shim} | {p.pid for p in psutil.Process(shim).children(recursive=True)}
+        except (psutil.Error, ValueError, TypeError):
+            return set()
+
 
 def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) -> ServerRun:
     """The server's sandbox, in a thread (run_sandboxed blocks until the process is gone)."""
@@ -246,7 +280,7 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
                            hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
                            # The baselines' server writes the shared inductor cache; it runs trusted code only.
                            skip_isolation=("readonly-root",) if trusted else (), cpus=tuple(int(c) for c in p.get("cpus", ())))
-    env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / ".torch_extensions"),
+    env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / EXTENSIONS),
            "TORCHINDUCTOR_CACHE_DIR": str(p["inductor_dir"] if trusted else cwd / ".inductor"),
            # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
            # baseline that compiles in seconds in-process.
@@ -260,7 +294,8 @@ def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) ->
     def target() -> None:
         try:
             box["outcome"] = run_sandboxed(SERVER, msgpack.packb(payload), cwd, limits, env,
-                                           pass_fds=(rounds.control.fd, rounds.memory.fd))
+                                           pass_fds=(rounds.control.fd, rounds.memory.fd),
+                                           on_start=lambda pid: box.__setitem__("shim", pid))
         except SandboxError as err:
             box["error"] = err
 
@@ -277,15 +312,45 @@ def seccomp_works() -> bool:
     return probe.returncode == 0
 
 
+def open_sampler(payload: dict) -> CpuSampler | None:
+    """The code sampler on the servers' CPUs (every server's: they all run under the same sampling).
+
+    Required unless ``code_sampling`` is off: without it nothing outside the candidate's process
+    tells torch's or a library's code from the candidate's, so the run is refused as infra.
+    """
+    if not payload.get("code_sampling", True):
+        return None
+    cpus = [int(c) for c in payload.get("cpus", ())]
+    if not cpus:
+        raise RoundsFailed("infra", "the code sampler needs the servers' CPUs (payload cpus), and none were given")
+    try:
+        return CpuSampler(cpus)
+    except (SamplerUnavailable, OSError) as err:
+        raise RoundsFailed("infra", f"the harness's code sampler cannot run here: {err}. Candidates are not run "
+                                    "without it (env.code_sampling=false turns it off, for comparisons only)") from err
+
+
 def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd: Path, trusted: bool) -> tuple[dict, dict]:
-    """Run a server through its phases; (PhaseRun per phase name, the server's report)."""
+    """Run a server through its phases; (PhaseRun per phase name, the server's report).
+
+    A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
+    of its own kernel.so is taken here, before the server starts.
+    """
+    sampler = open_sampler(rounds.payload)
+    identity = CodeIdentity.for_scratch(cwd) if sampler is not None and not trusted else None
     server = start_server(rounds, [name for name, _, _ in phases], cwd, trusted)
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
     try:
         for index, (name, todo, check) in enumerate(phases):
             rounds.wait_ready(index, server.thread, trusted)
-            runs[name] = rounds.run_phase(server.thread, todo, check)
+            count = todo if isinstance(todo, int) else len(todo)
+            if sampler is not None:
+                sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
+            sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
+            runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
+            if sampler is not None:
+                sampler.record_mappings(False)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
     except RoundsFailed as err:
         failure = err
@@ -296,6 +361,10 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
         server.thread.join()
         rounds.control.words[READY] = 0
         rounds.control.words[DONE] = 0
+        if sampler is not None:
+            sampler.close()
+        if identity is not None:
+            identity.close()
     if "error" in server.box:
         raise server.box["error"]
     report = _untrusted_report(server.outcome)
@@ -367,12 +436,27 @@ def _kind_and_message(message: str, default: str) -> tuple[str, str]:
     return kind, text or "the round failed without a message"
 
 
+def _iqr(values: list[float]) -> float:
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return q3 - q1
+
+
 def net_timing(samples_ns: list[int], null_ns: list[int]) -> Timing:
     """Median and IQR of the rounds less the protocol's own cost, in ms."""
     floor = statistics.median(null_ns)
     net = [max(MIN_NET_MS, (s - floor) / 1e6) for s in samples_ns]
-    q1, _, q3 = statistics.quantiles(net, n=4) if len(net) > 1 else (net[0],) * 3
-    return Timing(median_ms=statistics.median(net), iqr_ms=q3 - q1, repetitions=len(net))
+    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net))
+
+
+def resolved(timing: Timing, staging_ns: list[int]) -> bool:
+    """Whether a net time can be a kernel's, not an artefact of the protocol's own noise.
+
+    A kernel reads its inputs and writes its outputs at least once, so its time cannot be
+    under a quarter of what the harness took to copy the round's inputs in and its outputs out.
+    A net time is a difference: on an H100 a null phase drifting by tens of us left a 0.09 ms
+    kernel's rounds at the 1 us floor and scored a 17x speedup, and put an eager GELU at 17 us.
+    """
+    return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
 
 
 def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
@@ -390,7 +474,12 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
             return result
         null = runs["null"].samples_ns[warmup:]
         for name in ("eager", "compiled"):
-            result[name] = net_timing(runs[name].samples_ns[warmup:], null).__dict__
+            timing = net_timing(runs[name].samples_ns[warmup:], null)
+            if not resolved(timing, runs[name].staging_ns[warmup:]):  # never cached: it would decide every reward
+                result.update(failure="infra", message=f"the {name} baseline ({timing.median_ms * 1e3:.1f} us) was within "
+                                                       "the timing protocol's own noise; retried")
+                return result
+            result[name] = timing.__dict__
     if payload.get("seccomp", True) and not seccomp_works():
         result.update(failure="infra", message="the seccomp filter cannot be installed on this machine: candidates are "
                                                "not run without it (env.seccomp=false turns it off, for comparisons only)")
@@ -400,7 +489,9 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
     # (adversarial_inputs) come after the first `checked`; timing reads only the last `reps` rounds.
     extreme = adversarial(rounds.fresh_inputs(), secrets.randbits(62)) if payload.get("adversarial") else []
     candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
-    phases = ([("null", warmup + reps, False)] if full else []) + [("candidate", candidate_rounds, True)]
+    # The null phase comes first in every mode: its rounds time the protocol (full mode) and show
+    # the code sampler what serving the outputs costs in torch before the candidate's code loads.
+    phases = [("null", warmup + reps if full else NULL_ROUNDS, False), ("candidate", candidate_rounds, True)]
     try:
         runs, report = serve_phases(rounds, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:
@@ -410,13 +501,26 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
     result["run_log"] = report["output"]
     result["checks"] = [c.__dict__ for c in run.checks]
     result["violations"] = report["violations"]
+    if run.code is not None:  # the trusted sampler's verdict on which code did the work
+        result["code_samples"] = run.code.to_dict()
+        if run.code.lost > run.code.total // 10:
+            result.update(failure="infra", message=f"the code sampler lost {run.code.lost} samples (the harness was "
+                                                   "starved of CPU): the rounds cannot be attributed; retried")
+            return result
+        result["violations"] += judge(run.code, runs["null"].code)
     if run.mutated:
         result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
     if varies_with_inputs(run.expected) and not varies_with_inputs(run.kept):
         result.update(failure="wrong", message="the output does not change with the inputs")
         return result
     if full:
-        result["candidate"] = net_timing(run.samples_ns[-reps:], runs["null"].samples_ns[warmup:]).__dict__
+        null = runs["null"].samples_ns[warmup:]
+        timing = net_timing(run.samples_ns[-reps:], null)
+        if resolved(timing, run.staging_ns[-reps:]):
+            result["candidate"] = timing.__dict__
+        else:  # correct, and no speed claim either way
+            result["timing_note"] = (f"your kernel's time ({timing.median_ms * 1e3:.1f} us a call) was within the "
+                                     "timing protocol's own noise: speed not judged")
     result["ok"] = True
     return result
 

@@ -1,4 +1,4 @@
-"""No new processes, no wider CPU set, from the candidate's process: a seccomp filter, installed by its server.
+"""No new processes, no wider CPU set, no unnamed code in the candidate's process: a seccomp filter, installed by its server.
 
 Python's audit hooks (env_pool/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
 called from Python, but not ``system()``, ``fork()`` or ``execve()`` called from a kernel's
@@ -17,12 +17,20 @@ makes the kernel refuse them for every thread of the candidate's process:
   (SandboxLimits.cpus); without this a kernel could move its threads onto every core of the
   machine (os.sched_setaffinity, pthread_setaffinity_np, OpenMP's proc_bind) and slow the
   evaluations running beside it. A refusal, not a kill: OpenMP runtimes try it and carry on.
+- No code that the kernel would not name to the harness's code sampler (env_pool/code_sampler.py,
+  which attributes every sampled instruction to the file mapped there): ``mmap`` of anonymous
+  executable memory, ``mprotect``/``pkey_mprotect`` to executable, ``memfd_create``,
+  ``mremap`` and ``remap_file_pages`` (which would move a library's code under another
+  mapping's name without a record), ``personality`` (READ_IMPLIES_EXEC makes readable memory
+  executable behind the filter's back), ``unshare`` and ``setns`` fail with EPERM. dlopen maps
+  files, so ``ctypes.CDLL`` of kernel.so still works; JIT compilers (oneDNN's, in torch's CPU
+  fallbacks) fail.
 - Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,
   ``threading``) keep working. A call through another ABI (i386 ``int 0x80`` or x32 on
   x86-64), where the numbers above mean something else, kills the process too.
 
 Why hand-written BPF and not libseccomp (through pyseccomp or a binding): this is the one
-filter we need, 17 instructions, and it must install on the GPU machines too, whose image we
+filter we need, about 30 instructions, and it must install on the GPU machines too, whose image we
 cannot add packages to (no pyseccomp in the GPU stack) and whose libseccomp.so.2 we cannot
 count on. Raw ``seccomp(2)`` through ctypes needs nothing but libc and Linux >= 3.17.
 
@@ -53,6 +61,10 @@ SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_TSYNC = 1  # apply to every thread of the process, not just the caller
+# Without it the kernel forces speculative-store-bypass mitigation on a filtered process: its
+# memory-bound code ran ~1.6x slower on an H100 host, while the baselines' servers (no filter)
+# ran at full speed. The candidate's process holds no secret for such an attack to read.
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 4
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_THREAD = 0x00010000
 X32_SYSCALL_BIT = 0x40000000
@@ -60,10 +72,19 @@ X32_SYSCALL_BIT = 0x40000000
 # The numbers differ per architecture; fork and vfork do not exist on aarch64.
 _ARCHES = {
     "x86_64": {"audit_arch": 0xC000003E, "seccomp": 317, "execve": 59, "execveat": 322, "fork": 57,
-               "vfork": 58, "clone": 56, "clone3": 435, "sched_setaffinity": 203, "x32": True},
+               "vfork": 58, "clone": 56, "clone3": 435, "sched_setaffinity": 203, "x32": True,
+               "mmap": 9, "mprotect": 10, "pkey_mprotect": 329, "mremap": 25, "remap_file_pages": 216,
+               "memfd_create": 319, "personality": 135, "unshare": 272, "setns": 308},
     "aarch64": {"audit_arch": 0xC00000B7, "seccomp": 277, "execve": 221, "execveat": 281,
-                "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False},
+                "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False,
+                "mmap": 222, "mprotect": 226, "pkey_mprotect": 288, "mremap": 216, "remap_file_pages": 234,
+                "memfd_create": 279, "personality": 92, "unshare": 97, "setns": 268},
 }
+# Refused with EPERM: calls that would let code appear without the kernel naming its file to the
+# harness's code sampler (env_pool/code_sampler.py), or move a mapping under another's name.
+_NO_NEW_CODE = ("mremap", "remap_file_pages", "memfd_create", "personality", "unshare", "setns")
+PROT_EXEC = 0x4
+MAP_ANONYMOUS = 0x20
 
 # What the harness sees when the filter fires (the server's death signal).
 KILL_SIGNAL = signal.SIGSYS.name
@@ -78,7 +99,7 @@ class _Prog(ctypes.Structure):
 
 
 def _program(nums: dict) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k); jumps name labels ("allow", "kill", "enosys", "eperm")."""
+    """The filter as (code, jt, jf, k); jumps name labels, which stand as strings before their instruction."""
     prog: list[tuple] = [
         (_LD_W_ABS, 0, 0, _ARCH),
         (_JEQ_K, 0, "kill", nums["audit_arch"]),
@@ -89,23 +110,37 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
     for name in ("execve", "execveat", "fork", "vfork"):
         if name in nums:
             prog.append((_JEQ_K, "kill", 0, nums[name]))
+    prog += [(_JEQ_K, "eperm", 0, nums["sched_setaffinity"]), (_JEQ_K, "enosys", 0, nums["clone3"])]
+    prog += [(_JEQ_K, "eperm", 0, nums[name]) for name in _NO_NEW_CODE]
     prog += [
-        (_JEQ_K, "eperm", 0, nums["sched_setaffinity"]),
-        (_JEQ_K, "enosys", 0, nums["clone3"]),
+        (_JEQ_K, "exec_prot", 0, nums["mprotect"]),
+        (_JEQ_K, "exec_prot", 0, nums["pkey_mprotect"]),
+        (_JEQ_K, "mmap", 0, nums["mmap"]),
         (_JEQ_K, 0, "allow", nums["clone"]),
         (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags (the first argument on both arches)
         (_JSET_K, "allow", "kill", CLONE_THREAD),
+        "mmap",  # executable and anonymous: code that no file names
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),  # prot (the third argument)
+        (_JSET_K, 0, "allow", PROT_EXEC),
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 24),  # flags (the fourth)
+        (_JSET_K, "eperm", "allow", MAP_ANONYMOUS),
+        "exec_prot",  # memory made executable after the fact
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),
+        (_JSET_K, "eperm", "allow", PROT_EXEC),
+        "allow", (_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        "kill", (_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        "enosys", (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS),
+        "eperm", (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
     ]
-    labels = {"allow": len(prog), "kill": len(prog) + 1, "enosys": len(prog) + 2, "eperm": len(prog) + 3}
-    prog += [
-        (_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-        (_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
-        (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS),
-        (_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
-    ]
+    labels, insns = {}, []
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
     # BPF jumps are relative to the next instruction.
     rel = lambda i, target: target if isinstance(target, int) else labels[target] - i - 1  # noqa: E731
-    return [(code, rel(i, jt), rel(i, jf), k) for i, (code, jt, jf, k) in enumerate(prog)]
+    return [(code, rel(i, jt), rel(i, jf), k) for i, (code, jt, jf, k) in enumerate(insns)]
 
 
 def forbid_processes() -> None:
@@ -126,7 +161,7 @@ def forbid_processes() -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
     ret = libc.syscall(ctypes.c_long(nums["seccomp"]), ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
-                       ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+                       ctypes.c_uint(SECCOMP_FILTER_FLAG_TSYNC | SECCOMP_FILTER_FLAG_SPEC_ALLOW), ctypes.byref(prog))
     if ret != 0:
         err = ctypes.get_errno()
         # With TSYNC a positive return is the id of a thread that could not be synchronised.

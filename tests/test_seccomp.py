@@ -126,3 +126,32 @@ def test_legitimate_openmp_kernel_passes_with_the_filter_on(tmp_path):
     result = asyncio.run(pool.evaluate(task, files, "verify"))
     assert result.failure is None, f"{result.failure}: {result.message}\n{result.run_log[-2000:]}"
     assert all(c.passed for c in result.checks) and len(result.checks) == 5
+
+
+def test_code_that_no_file_names_is_refused_and_files_still_load(tmp_path):
+    # The harness's code sampler attributes every sampled instruction to the file mapped there;
+    # code in anonymous or re-labelled memory must not exist (env_pool/code_sampler.py).
+    source = tmp_path / "k.c"
+    source.write_text("int twice(int x) { return 2 * x; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(tmp_path / "k.so")], check=True)
+    proc = run_filtered(f"""
+        import mmap
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        def refused(name, ret):
+            print(name, "refused" if ret in (-1, ctypes.c_void_p(-1).value) and ctypes.get_errno() == 1 else f"ALLOWED {{ret}}")
+        refused("anonymous exec mmap", libc.mmap(None, 4096, 7, 0x22, -1, 0))
+        page = libc.mmap(None, 4096, 3, 0x22, -1, 0)
+        refused("mprotect to exec", libc.mprotect(ctypes.c_void_p(page), 4096, 5))
+        refused("memfd_create", libc.memfd_create(b"x", 0))
+        libc.mremap.restype = ctypes.c_void_p
+        refused("mremap", libc.mremap(ctypes.c_void_p(page), 4096, 8192, 1))
+        refused("personality", libc.personality(0x0400000))
+        refused("unshare", libc.unshare(0x10000000))
+        print("dlopen", ctypes.CDLL({str(tmp_path / 'k.so')!r}).twice(21))
+    """)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
+    for name in ("anonymous exec mmap", "mprotect to exec", "memfd_create", "mremap", "personality", "unshare"):
+        assert f"{name} refused" in proc.stdout, proc.stdout
+    assert "dlopen 42" in proc.stdout
