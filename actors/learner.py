@@ -1,7 +1,9 @@
 """LearnerActor: the DeepSpeed engines of one training stage, behind a Ray actor.
 
-One actor is one learner rank; a LearnerGroup is the data-parallel ranks of one learner (one
-per learner GPU, or ``cluster.learner_cpu_ranks`` over gloo on the CPU). The driver builds
+One actor is one learner rank; a LearnerGroup is the ranks of one learner (one per learner
+GPU, or ``cluster.learner_cpu_ranks`` over gloo on the CPU): data-parallel, or, with
+``learner.sequence_parallel_size`` n > 1, data-parallel groups of n consecutive ranks that
+share each row (learner/sequence_parallel.py). The driver builds
 the trainer a stage needs (PPO with a critic, RFT, or value pretraining) on every rank, feeds
 each rank its share of a batch of trajectories from the object store, sends the policy's
 weights to the generators after a step (actors/weight_sync.py) and has it checkpoint. A
@@ -157,6 +159,11 @@ class LearnerGroup:
     def __init__(self, cfg: Mapping[str, Any], slot_options: Sequence[dict[str, Any]]):
         self.cfg, self.slot_options = cfg, list(slot_options)
         self.ranks: list[Any] = []
+        self.sequence_parallel = int(cfg.get("learner", {}).get("sequence_parallel_size", 1))
+        if self.sequence_parallel < 1 or self.world_size % self.sequence_parallel:
+            raise ValueError(f"learner.sequence_parallel_size={self.sequence_parallel} must be at least 1 and divide the "
+                             f"learner's {self.world_size} rank(s) (cluster.learner_gpus, or cluster.learner_cpu_ranks "
+                             "on the CPU)")
 
     @property
     def world_size(self) -> int:
@@ -194,16 +201,24 @@ class LearnerGroup:
 
     async def step(self, refs: list[Any], sizes: list[int], weights: list[float], version: int = 0,
                    episode_advantages: list[float] | None = None) -> dict[str, float]:
-        """Each rank trains on its share of the batch (``deal``). Returns rank 0's metrics (its
-        shares' means; the gradient norms are global), with the counts summed over the ranks.
-        ``version`` and ``episode_advantages`` as in LearnerActor.step."""
-        shares = deal(sizes, self.world_size)
+        """Each rank trains on its share of the batch (``rank_shares``). Returns rank 0's metrics
+        (its shares' means; the gradient norms are global), with the counts summed over the
+        data-parallel groups. ``version`` and ``episode_advantages`` as in LearnerActor.step."""
+        shares = rank_shares(sizes, self.world_size, self.sequence_parallel)
         adv = episode_advantages
         results = await asyncio.gather(*(r.step.remote([refs[i] for i in share], [weights[i] for i in share], version,
                                                        None if adv is None else [adv[i] for i in share])
                                          for r, share in zip(self.ranks, shares)))
-        counts = {k: sum(m.get(k, 0.0) for m in results) for k in SUMMED_METRICS if k in results[0]}
+        firsts = results[::self.sequence_parallel]  # one rank per group: a group's ranks count the same rows
+        counts = {k: sum(m.get(k, 0.0) for m in firsts) for k in SUMMED_METRICS if k in results[0]}
         return {**results[0], **counts}
+
+
+def rank_shares(sizes: list[int], world_size: int, sequence_parallel: int = 1) -> list[list[int]]:
+    """Trajectory indices per rank: the batch dealt over the data-parallel groups, each group's
+    share given to every one of its ``sequence_parallel`` consecutive ranks (they slice the same rows)."""
+    shares = deal(sizes, world_size // sequence_parallel)
+    return [shares[r // sequence_parallel] for r in range(world_size)]
 
 
 def deal(sizes: list[int], ranks: int) -> list[list[int]]:

@@ -194,6 +194,7 @@ class LearnerConfig:
     per_turn_rewards: bool = False  # also credit each turn that raised the best milestone reached so far by the rise (learner/gae.py: credits sum to the outcome; repeating a milestone earns nothing)
     critic_warmup_steps: int = 0  # learner steps that train only the critic before the policy moves
     grad_checkpointing: bool = True  # recompute activations in backward to fit long contexts
+    sequence_parallel_size: int = 1  # learner ranks that share each packed row (DeepSpeed-Ulysses / ALST), for rows longer than one device holds: each rank holds 1/n of a row's tokens and attends over all of it for 1/n of the heads; must divide the learner's ranks and the model's attention heads; groups of n consecutive ranks train the same rows (read by learner/sequence_parallel.py through engine.init_learner, and by actors/learner.py's LearnerGroup, which deals the batch per group)
     max_grad_norm: float = 1.0  # gradient clipping
     weight_decay: float = 0.0  # AdamW weight decay
     lr_schedule: LRSchedule = LRSchedule.cosine  # learning-rate shape after the linear warm-up

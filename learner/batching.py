@@ -147,13 +147,14 @@ def flatten(trajectories: list[Trajectory], weights: list[float] | None = None) 
                      torch.tensor(token_weights, dtype=torch.float32), spans, turn_ends, turn_rewards, rewards)
 
 
-def pack(sequences: list[SequenceRef], token_budget: int) -> list[MicroBatch]:
+def pack(sequences: list[SequenceRef], token_budget: int, one_per_row: bool = False) -> list[MicroBatch]:
     """First-fit-decreasing packing into rows of at most ``token_budget`` tokens (``row_tokens``
-    in models.py chooses it per device).
+    in models.py chooses it per device); ``one_per_row``: every segment in a row of its own
+    (sequence parallelism under an attention that cannot see segment boundaries).
 
     A segment longer than the budget gets a row of its own: it cannot be cut, since every
-    token must attend to all before it (splitting one sequence across devices is sequence
-    parallelism's job, not packing's).
+    token must attend to all before it (splitting one row across devices is sequence
+    parallelism's job, sequence_parallel.py, not packing's).
     """
     if token_budget <= 0:
         raise BatchError(f"learner.micro_batch_tokens must be positive, got {token_budget}")
@@ -163,7 +164,7 @@ def pack(sequences: list[SequenceRef], token_budget: int) -> list[MicroBatch]:
     for i in order:
         n = len(sequences[i].token_ids)
         for b, free in enumerate(room):
-            if n <= free:
+            if n <= free and not one_per_row:
                 bins[b].append(i)
                 room[b] -= n
                 break

@@ -11,20 +11,14 @@ and every ``step`` is a boundary (reduce, clip, update). The loss of each micro-
 already divided by the step's generated-token count (losses.token_mean), so the
 accumulated gradient is the gradient of the step's token-mean loss.
 
-Long sequences (the paper's 128k-token agentic episodes). What already keeps them affordable:
-a segment is its own row (packing never pads), gradient checkpointing keeps one layer's
-activations instead of all of them, and logits are computed only at positions that predict
-a generated token (models.score_tokens), so the (tokens x vocabulary) tensor follows the
-model's own tokens, not the tool output. What one 128k segment still needs on one GPU is the
-per-layer activations of 128k tokens under recomputation (hidden x 128k x a few tensors), the
-attention itself (FlashAttention-2's varlen kernels: linear memory, see models.resolve_attention),
-and the logits of the generated tokens (chunk them if a turn-heavy episode has tens of
-thousands). The plan beyond that is DeepSpeed-Ulysses sequence parallelism (ALST's
-UlyssesSPAttentionHF in DeepSpeed >= 0.17): the learner ranks form sequence-parallel groups,
-each rank holds 128k / sp tokens of a row, and attention all-to-alls heads so every rank sees
-the whole sequence for heads / sp heads; micro-batches are then built per group and
-``predict_at`` indices shard with the tokens. ZeRO-3 and sequence parallelism compose, so
-8 H100s with sp = 8 hold a 128k-token row of a 7B model at ~16k tokens per rank.
+Long sequences (the paper's 128k-token agentic episodes, rollout.max_context_tokens). What
+keeps them affordable on one device: a segment is its own row (packing never pads), gradient
+checkpointing keeps one layer's activations instead of all of them, and logits are computed
+only at positions that predict a generated token (models.score_tokens), so the (tokens x
+vocabulary) tensor follows the model's own tokens, not the tool output. Beyond what one device
+holds, ``learner.sequence_parallel_size`` ranks share each row (DeepSpeed-Ulysses, ALST:
+sequence_parallel.py): the engines get DeepSpeed's sequence-parallel ``mpu``, so that ZeRO
+partitions over all ranks and sums gradients over each group's slices of a row.
 """
 from __future__ import annotations
 
@@ -81,16 +75,22 @@ def init_distributed() -> None:
 def loss_denominator(local_tokens: float) -> float:
     """What each rank divides its summed token loss by, for the token mean over all ranks.
 
-    DeepSpeed averages gradients over the data-parallel ranks (divides their sum by the world
-    size), so each rank divides by the global token count over the world size: the averaged
-    gradient is then that of the global token-mean loss.
+    ``local_tokens`` counts the generated tokens of this rank's whole rows: under sequence
+    parallelism the group's rows, which every rank of the group counts though it back-propagates
+    only its slice's tokens. DeepSpeed sums gradients over a sequence-parallel group's ranks
+    (their slices add up to the rows' gradient) and averages them over the data-parallel groups
+    (divides by their count), so each rank divides by the global token count over the number of
+    data-parallel groups: the reduced gradient is then that of the global token-mean loss.
     """
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return all_reduce_sum(local_tokens) / world
+    from learner import sequence_parallel
+
+    group = sequence_parallel.current()
+    total = all_reduce_sum(local_tokens) / (group.size if group is not None else 1)
+    return total / sequence_parallel.data_parallel_size()
 
 
 def all_reduce_sum(value: float) -> float:
-    """Sum of ``value`` over the data-parallel ranks (the ranks share a token-mean denominator)."""
+    """Sum of ``value`` over all the learner's ranks (they share a token-mean denominator)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device())
@@ -105,7 +105,9 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
     if cfg.zero_stage == 3:
         # Full 16-bit weights on save, so a checkpoint's module file is usable on its own.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    sequence_parallel = {"sequence_parallel_size": cfg.sequence_parallel_size} if cfg.sequence_parallel_size > 1 else {}
     return {
+        **sequence_parallel,  # for zero.Init under ZeRO-3, which sees no mpu: its data-parallel size
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,  # see the module docstring
@@ -138,6 +140,15 @@ def zero3_init(cfg: LearnerConfig, bf16: bool) -> Iterator[None]:
         del keep_alive
 
 
+def init_learner(cfg: LearnerConfig, model_path: str | os.PathLike, attention: str) -> None:
+    """The learner's process group, and its sequence-parallel groups when
+    ``learner.sequence_parallel_size`` > 1 (before any model runs: it reroutes ``attention``)."""
+    from learner import sequence_parallel
+
+    init_distributed()
+    sequence_parallel.setup(cfg.sequence_parallel_size, str(model_path), attention)
+
+
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: LRSchedule, min_ratio: float) -> float:
     """Fraction of the peak rate at optimiser step ``step`` (0-based)."""
     if step < warmup_steps:
@@ -152,7 +163,10 @@ def build_engine(module: nn.Module, cfg: LearnerConfig, lr: float, total_steps: 
     """A DeepSpeed engine training ``module`` with AdamW at peak rate ``lr`` for ``total_steps`` optimiser steps."""
     import deepspeed
 
+    from learner import sequence_parallel
+
     init_distributed()
+    group = sequence_parallel.current()
     dtype = next(module.parameters()).dtype
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
@@ -162,5 +176,6 @@ def build_engine(module: nn.Module, cfg: LearnerConfig, lr: float, total_steps: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, warmup, total_steps, schedule, min_ratio))
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=deepspeed_config(cfg, bf16=dtype == torch.bfloat16))
+                                           config=deepspeed_config(cfg, bf16=dtype == torch.bfloat16),
+                                           mpu=group.mpu if group is not None else None)
     return engine

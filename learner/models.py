@@ -16,6 +16,7 @@ from torch import nn
 
 from learner.batching import BatchError, MicroBatch
 from learner.losses import entropy_from_logits
+from learner.sequence_parallel import gather_scores, local_slice
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -145,10 +146,11 @@ def critic_values(critic: nn.Module, mb: MicroBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def score_batch(model: nn.Module, micro_batches: list[MicroBatch], size: int, critic: bool, device) -> torch.Tensor:
-    """Logprobs (policy or reference) or values (critic) for every generated token of a batch, in flat order."""
+    """Logprobs (policy or reference) or values (critic) for every generated token of a batch, in
+    flat order. Under sequence parallelism each rank scores its slices and the group shares them."""
     result = torch.zeros(size, dtype=torch.float32)
     for mb in micro_batches:
-        mb = mb.to(device)
+        mb = local_slice(mb).to(device)
         values = critic_values(model, mb) if critic else score_tokens(model, mb, with_entropy=False)[0]
         result[mb.flat_index.cpu()] = values.float().cpu()
-    return result
+    return gather_scores(result)

@@ -37,11 +37,12 @@ import torch
 
 from configs.schema import AdvantageEstimator, KLMode, LearnerConfig
 from learner import engine as engines
-from learner.batching import FlatBatch, MicroBatch, flatten, pack, split_minibatches
+from learner.batching import FlatBatch, MicroBatch, flatten, split_minibatches
 from learner.gae import batch_advantages, explained_variance, whiten
 from learner.losses import kl_k3, kl_penalty, policy_loss, token_mean, value_loss
 from learner.models import (Critic, critic_values, load_policy, load_reference, resolve_attention, resolve_dtype, row_tokens,
                             score_batch, score_tokens)
+from learner.sequence_parallel import local_slice, pack_rows, reduce_sums
 from rollout.trajectory import Trajectory
 
 
@@ -70,7 +71,9 @@ class Sums:
         self.counts[name] = self.counts.get(name, 0.0) + per_token.numel()
 
     def means(self) -> dict[str, float]:
-        return {k: v / max(self.counts[k], 1.0) for k, v in self.sums.items()}
+        """The means over this rank's rows (under sequence parallelism, over all the group's slices of them)."""
+        sums, counts = reduce_sums(self.sums), reduce_sums(self.counts)
+        return {k: v / max(counts[k], 1.0) for k, v in sums.items()}
 
 
 def update_critic(critic, group: list[MicroBatch], count: float, old_values: torch.Tensor, returns: torch.Tensor,
@@ -79,7 +82,7 @@ def update_critic(critic, group: list[MicroBatch], count: float, old_values: tor
     weighted value loss, over the plain token count: see the module doc)."""
     dev = engines.device()
     for mb in group:
-        mb = mb.to(dev)
+        mb = local_slice(mb).to(dev)
         idx = mb.flat_index
         values = critic_values(critic, mb)
         loss_tok, clipped = value_loss(values, old_values[idx], returns[idx], value_clip)
@@ -114,9 +117,9 @@ class PPOTrainer:
                dtype: str = "auto", total_steps: int = 100, reward_span: float = 4.0) -> "PPOTrainer":
         """Load the models and wrap them in engines; ``total_steps`` learner steps shape the LR
         schedule; ``reward_span`` scales the value clip (the default is the default rewards')."""
-        engines.init_distributed()
         gpu = engines.on_gpu()
         torch_dtype, attention = resolve_dtype(dtype, gpu), resolve_attention(cfg.attn_implementation, gpu)
+        engines.init_learner(cfg, policy_path, attention)
         optimiser_steps = total_steps * cfg.ppo_epochs * cfg.ppo_minibatches
         with engines.zero3_init(cfg, bf16=torch_dtype == torch.bfloat16):
             policy_module = load_policy(policy_path, torch_dtype, attention, cfg.grad_checkpointing)
@@ -149,7 +152,7 @@ class PPOTrainer:
         policy changed, and its version must advance."""
         cfg = self.cfg
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, row_tokens(cfg))
+        micro = pack_rows(batch.sequences, row_tokens(cfg))
         data = self._prepare(batch, micro, version, episode_advantages)
         train_policy = self.steps >= cfg.critic_warmup_steps
         stale_fraction = float((batch.versions < version).float().mean())
@@ -211,7 +214,7 @@ class PPOTrainer:
         cfg, dev = self.cfg, engines.device()
         kl_loss = data.ref is not None and cfg.kl_mode == KLMode.loss
         for mb in group:
-            mb = mb.to(dev)
+            mb = local_slice(mb).to(dev)
             idx = mb.flat_index
             logprobs, entropy = score_tokens(self.policy, mb, with_entropy=True, entropy_grad=cfg.entropy_coef > 0)
             weight = data.weights[idx]

@@ -15,7 +15,8 @@ import torch
 
 from configs.schema import LearnerConfig, RFTConfig
 from learner import engine as engines
-from learner.batching import flatten, pack, split_minibatches
+from learner import sequence_parallel
+from learner.batching import flatten, split_minibatches
 from learner.losses import token_mean
 from learner.models import load_policy, resolve_attention, resolve_dtype, row_tokens, score_tokens
 from rollout.trajectory import Trajectory
@@ -78,12 +79,11 @@ class RFTTrainer:
 
     @classmethod
     def create(cls, cfg: LearnerConfig, policy_path: str | Path, dtype: str = "auto", total_steps: int = 100) -> "RFTTrainer":
-        engines.init_distributed()
         gpu = engines.on_gpu()
-        torch_dtype = resolve_dtype(dtype, gpu)
+        torch_dtype, attention = resolve_dtype(dtype, gpu), resolve_attention(cfg.attn_implementation, gpu)
+        engines.init_learner(cfg, policy_path, attention)
         with engines.zero3_init(cfg, bf16=torch_dtype == torch.bfloat16):
-            module = load_policy(policy_path, torch_dtype, resolve_attention(cfg.attn_implementation, gpu),
-                                 cfg.grad_checkpointing)
+            module = load_policy(policy_path, torch_dtype, attention, cfg.grad_checkpointing)
         return cls(cfg, engines.build_engine(module, cfg, cfg.rft.lr, total_steps * cfg.ppo_minibatches))
 
     def engines(self) -> dict:
@@ -100,14 +100,14 @@ class RFTTrainer:
         ``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0); ``nll`` is
         reported unweighted, as a measure of fit, while its gradient is weighted."""
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, row_tokens(self.cfg))
+        micro = sequence_parallel.pack_rows(batch.sequences, row_tokens(self.cfg))
         dev = engines.device()
         token_weights = batch.weights.to(dev)
         total_nll = 0.0
         for group in split_minibatches(micro, self.cfg.ppo_minibatches):
             count = engines.loss_denominator(float(sum(mb.num_generated for mb in group)))
             for mb in group:
-                mb = mb.to(dev)
+                mb = sequence_parallel.local_slice(mb).to(dev)
                 logprobs, _ = score_tokens(self.policy, mb)
                 # Over the plain token count, not the weights' sum: renormalising would train a
                 # batch of only downweighted episodes as hard as a full-weight one.
@@ -115,6 +115,7 @@ class RFTTrainer:
                 total_nll += float(-logprobs.detach().sum())
             self.policy.step()
         self.steps += 1
+        total_nll = sequence_parallel.reduce_sums({"nll": total_nll})["nll"]  # each rank summed its slices
         return {
             "nll": total_nll / batch.num_generated,
             "mean_loss_weight": float(batch.weights.mean()),

@@ -15,10 +15,11 @@ import torch
 
 from configs.schema import LearnerConfig
 from learner import engine as engines
-from learner.batching import flatten, pack, split_minibatches
+from learner.batching import flatten, split_minibatches
 from learner.gae import batch_advantages, explained_variance
 from learner.models import Critic, resolve_attention, resolve_dtype, row_tokens, score_batch
 from learner.ppo import Sums, update_critic
+from learner.sequence_parallel import pack_rows
 from rollout.trajectory import Trajectory
 
 
@@ -30,12 +31,11 @@ class ValuePretrainer:
 
     @classmethod
     def create(cls, cfg: LearnerConfig, critic_path: str | Path, dtype: str = "auto", total_steps: int = 100) -> "ValuePretrainer":
-        engines.init_distributed()
         gpu = engines.on_gpu()
-        torch_dtype = resolve_dtype(dtype, gpu)
+        torch_dtype, attention = resolve_dtype(dtype, gpu), resolve_attention(cfg.attn_implementation, gpu)
+        engines.init_learner(cfg, critic_path, attention)
         with engines.zero3_init(cfg, bf16=torch_dtype == torch.bfloat16):
-            module = Critic.from_pretrained(critic_path, torch_dtype, resolve_attention(cfg.attn_implementation, gpu),
-                                            cfg.grad_checkpointing)
+            module = Critic.from_pretrained(critic_path, torch_dtype, attention, cfg.grad_checkpointing)
         return cls(cfg, engines.build_engine(module, cfg, cfg.critic_lr, total_steps * cfg.ppo_epochs * cfg.ppo_minibatches))
 
     def engines(self) -> dict:
@@ -51,7 +51,7 @@ class ValuePretrainer:
         """``weights`` are the trajectories' loss weights in (0, 1] (None: all 1.0), applied as in PPO."""
         cfg = self.cfg
         batch = flatten(trajectories, weights)
-        micro = pack(batch.sequences, row_tokens(cfg))
+        micro = pack_rows(batch.sequences, row_tokens(cfg))
         dev = engines.device()
         old_values = score_batch(self.critic, micro, batch.num_generated, critic=True, device=dev)
         _, returns = batch_advantages(batch, old_values, cfg.gamma, cfg.gae_lambda, cfg.per_turn_rewards)

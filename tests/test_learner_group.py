@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.learner import deal
+from actors.learner import deal, rank_shares
 
 try:
     from tests.learner_toy import OBSERVATION, PROMPT, make_trajectory
@@ -21,6 +21,17 @@ def test_deal_gives_every_rank_work_and_balances_tokens():
     assert deal([3, 3, 3], 3) == [[0], [1], [2]]
     with pytest.raises(ValueError, match="stage.batch_episodes"):
         deal([1], 2)
+
+
+def test_the_ranks_of_a_sequence_parallel_group_get_the_same_share():
+    sizes = [100, 10, 7, 5, 1]
+    assert rank_shares(sizes, 4, 2) == [[0], [0], [1, 2, 3, 4], [1, 2, 3, 4]]
+    assert rank_shares(sizes, 2, 2) == [[0, 1, 2, 3, 4]] * 2
+    assert rank_shares(sizes, 2) == deal(sizes, 2)
+    from actors.learner import LearnerGroup
+
+    with pytest.raises(ValueError, match="sequence_parallel_size=2 must be at least 1 and divide the learner's 3"):
+        LearnerGroup({"learner": {"sequence_parallel_size": 2}}, [{}] * 3)
 
 
 def _episodes() -> list:
