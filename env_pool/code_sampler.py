@@ -474,14 +474,16 @@ def per_round_ns(ledger: CodeLedger, category: str) -> float:
     return ledger.counts[category] * PERIOD_NS / max(1, ledger.rounds)
 
 
-def judge(ledger: CodeLedger, null: CodeLedger | None) -> list[dict]:
+def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True) -> list[dict]:
     """Violations (guard dicts, as the server's guards report them) from a candidate phase's samples.
 
     Library code: above LIBRARY_SHARE of the samples, or above FLOOR_NS a round (padding the
     rounds with other work must not hide it). Torch code: a legitimate round spends time in
     torch too (its outputs' allocation, the server's copy of them into the shared slots), which
     the ``null`` phase of the same server measured before the candidate's code was loaded; torch
-    time beyond that, by more than FLOOR_NS and TORCH_SLACK of it, is torch computing.
+    time beyond that, by more than FLOOR_NS and TORCH_SLACK of it, is torch computing. Not on a
+    GPU (``torch_rule`` off): there the host mostly waits for the device, and the wait counts
+    for whichever library waits, so host time says nothing of which code computed.
     """
     total = ledger.total
     if total == 0 or ledger.rounds == 0:
@@ -496,7 +498,7 @@ def judge(ledger: CodeLedger, null: CodeLedger | None) -> list[dict]:
                               "for you is a fallback (SKILL.md): compute in your own kernel's code"})
     glue = per_round_ns(null, "torch") if null is not None and null.rounds else 0.0
     extra = per_round_ns(ledger, "torch") - glue
-    if extra > FLOOR_NS + TORCH_SLACK * glue:
+    if torch_rule and extra > FLOOR_NS + TORCH_SLACK * glue:
         top = ", ".join(f"{name} ({n * 100 // total}%)" for name, n in ledger.labels["torch"].most_common(2))
         out.append({"guard": "torch_fallback",
                     "reason": f"about {extra / 1e6:.2f} ms of each round ran inside torch's own libraries ({top}) "

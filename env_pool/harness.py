@@ -507,7 +507,7 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
             result.update(failure="infra", message=f"the code sampler lost {run.code.lost} samples (the harness was "
                                                    "starved of CPU): the rounds cannot be attributed; retried")
             return result
-        result["violations"] += judge(run.code, runs["null"].code)
+        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu")
     if run.mutated:
         result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
     if varies_with_inputs(run.expected) and not varies_with_inputs(run.kept):

@@ -26,6 +26,7 @@ control block's message area is read by the harness as untrusted text.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import importlib.util
 import os
@@ -95,8 +96,17 @@ def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Ten
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
         # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op
-        # each in a candidate's server, where every round runs under the detector), then copied out.
-        return (lambda *_: [torch.empty_like(o) for o in outs]), None
+        # each in a candidate's server, where every round runs under the detector), then copied
+        # out. What is copied was written once here: fresh, never-written memory reads as the
+        # shared zero page, cheaper than any real output's copy.
+        ready = [torch.full_like(o, 1.5) if o.is_floating_point() else torch.ones_like(o) for o in outs]
+
+        def null_round(*_: Any) -> list[torch.Tensor]:
+            for o in outs:
+                torch.empty_like(o)
+            return ready
+
+        return null_round, None
     if phase in ("eager", "compiled"):
         model = make_model(problem, payload["init_seed"], device)
         if phase == "compiled":
@@ -182,7 +192,10 @@ def _deliver(produced: Any, outs: list[torch.Tensor], device: str) -> None:
             raise RoundError("wrong", f"{where} is on {value.device.type}, expected {device}")
         if not value.is_contiguous():
             raise RoundError("wrong", f"{where} is not contiguous; return a contiguous tensor as the reference does")
-        slot.copy_(value)
+        if device == "cpu":  # by libc, not torch: the harness's code sampler counts torch's time as torch computing
+            ctypes.memmove(slot.data_ptr(), value.data_ptr(), value.numel() * value.element_size())
+        else:
+            slot.copy_(value)
 
 
 # ----------------------------------------------------------------------------- candidate helpers
