@@ -58,9 +58,10 @@ def run_corpus(work: Path, tasks: dict, only: list[str]) -> list[dict]:
             rows.append({"case": f"{kind}/{folder.name}", "expect": case["expect"], "hard": bool(case.get("hard")),
                          "failure": result.failure, "milestone": int(result.milestone),
                          "guards": sorted({v.guard for v in result.violations}), "ok": ok,
-                         "message": result.message[:300], "wall_s": round(time.perf_counter() - begin, 1)})
+                         "message": result.message[:300], "wall_s": round(time.perf_counter() - begin, 1),
+                         "code_samples": result.code_samples})
             print(f"{'OK ' if ok else 'BAD'} {kind}/{folder.name}: {result.failure} m={int(result.milestone)} "
-                  f"{rows[-1]['guards']} {result.message[:120]!r}", flush=True)
+                  f"{rows[-1]['guards']} {result.message[:120]!r} samples {result.code_samples.get('samples')}", flush=True)
     return rows
 
 
