@@ -59,7 +59,8 @@ MIN_PERIOD_NS = 20_000  # the shortest period drawn (each sample interrupts the 
 RING_PAGES = 256  # 1 MiB per CPU: ~3 s of samples; drained while the harness waits on a round, and after it
 LIBRARY_SHARE = 0.02  # more library samples than this fraction of a phase's (at least LIBRARY_MIN), or ...
 LIBRARY_MIN = 3
-FLOOR_NS = 200_000  # ... library time, or torch time beyond the null phase's, above this a round is a fallback
+FLOOR_NS = 200_000  # ... library time above this a round, is a library fallback
+TORCH_FLOOR_NS = 500_000  # torch time a round beyond the null phase's, above this (and TORCH_SLACK), is torch computing
 TORCH_SLACK = 0.25  # torch time may exceed the null phase's by this fraction of it (the output copies' noise)
 
 _NR = {"x86_64": 298, "aarch64": 241}
@@ -82,7 +83,11 @@ _RUNTIME = re.compile(r"^(python[\d.]*|libpython[\d.]+.*|ld-linux.*|ld-.*\.so.*|
                       r"libgomp-[0-9a-f]+\.so.*|lib(cuda|cudart|nvidia-[\w-]+|nvrtc)\.so.*|"
                       r"_ctypes.*\.so|_struct.*\.so|math.*\.so|select.*\.so|_posixsubprocess.*\.so|"
                       r"_cmsgpack.*\.so|_packer.*\.so|_unpacker.*\.so)$")
-_TORCH = re.compile(r"^(libtorch.*|libc10.*|libshm.*|_C\.cpython.*|libcaffe2.*)\.so.*$|^(libtorch|libc10)[\w.-]*\.so.*$")
+# Torch's compute lives in libtorch_cpu / libtorch_cuda (MKL and oneDNN linked in). Its Python
+# bindings (libtorch_python, torch._C) and its core (libc10: allocator, dispatch keys) compute
+# nothing: they are the glue every legitimate forward goes through, and count as runtime.
+_TORCH = re.compile(r"^(libtorch|libtorch_cpu|libtorch_cuda[\w-]*|libtorch_global_deps|libcaffe2[\w-]*)\.so.*$")
+_TORCH_GLUE = re.compile(r"^(libtorch_python|libc10[\w-]*|libshm|_C\.cpython[\w.-]*)\.so.*$")
 _PSEUDO_RUNTIME = ("[vdso]", "[vsyscall]", "[uprobes]")
 _DYNLOAD = os.path.join(os.path.dirname(os.__file__), "lib-dynload")  # the base install's, also from a venv
 
@@ -363,7 +368,7 @@ class CodeIdentity:
         name = Path(path).name
         if _TORCH.match(name):
             return "torch", name
-        if _RUNTIME.match(name) or _under(path, _DYNLOAD) or os.path.realpath(path) == os.path.realpath(sys.executable):
+        if _RUNTIME.match(name) or _TORCH_GLUE.match(name) or _under(path, _DYNLOAD) or os.path.realpath(path) == os.path.realpath(sys.executable):
             return "runtime", name
         return "library", _short(path)
 
@@ -481,7 +486,7 @@ def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True) 
     rounds with other work must not hide it). Torch code: a legitimate round spends time in
     torch too (its outputs' allocation, the server's copy of them into the shared slots), which
     the ``null`` phase of the same server measured before the candidate's code was loaded; torch
-    time beyond that, by more than FLOOR_NS and TORCH_SLACK of it, is torch computing. Not on a
+    time beyond that, by more than TORCH_FLOOR_NS and TORCH_SLACK of it, is torch computing. Not on a
     GPU (``torch_rule`` off): there the host mostly waits for the device, and the wait counts
     for whichever library waits, so host time says nothing of which code computed.
     """
@@ -498,7 +503,7 @@ def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True) 
                               "for you is a fallback (SKILL.md): compute in your own kernel's code"})
     glue = per_round_ns(null, "torch") if null is not None and null.rounds else 0.0
     extra = per_round_ns(ledger, "torch") - glue
-    if torch_rule and extra > FLOOR_NS + TORCH_SLACK * glue:
+    if torch_rule and extra > TORCH_FLOOR_NS + TORCH_SLACK * glue:
         top = ", ".join(f"{name} ({n * 100 // total}%)" for name, n in ledger.labels["torch"].most_common(2))
         out.append({"guard": "torch_fallback",
                     "reason": f"about {extra / 1e6:.2f} ms of each round ran inside torch's own libraries ({top}) "
