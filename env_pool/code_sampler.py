@@ -3,8 +3,8 @@
 TRUSTED SIDE (used by env_pool/harness.py). The in-process fallback detector (guards.py) lives
 where the candidate can switch it off; this one does not. The harness opens one perf event per
 server CPU (``perf_event_open``, a software cpu-clock event, pid -1: every task on that CPU),
-and the kernel writes a sample (pid, instruction pointer, time) every ``PERIOD_NS`` into a ring
-buffer that only the harness maps. The candidate is pinned to those CPUs (the sandbox's
+and the kernel writes a sample (pid, instruction pointer, time) into a ring buffer that only
+the harness maps, at intervals redrawn at random (mean ``PERIOD_NS``). The candidate is pinned to those CPUs (the sandbox's
 affinity, which its seccomp filter stops it from widening), so every instruction it runs is in
 reach of the samples, whichever thread or native code runs it. The kernel also records every
 new executable mapping (``mmap2`` records), so code mapped in during a round is attributed to
@@ -14,24 +14,28 @@ Each sample of the server's processes that falls inside a round's window is attr
 file its address maps, by the file's identity (device and inode, checked against a ``stat`` of
 the same path made here), never by what the candidate's process says:
 
-- ``own``: the candidate's ``kernel.so`` (the file the trusted compiler built, made read-only to
-  the candidate) or its ``load_inline`` extension (built in its scratch folder: a known gap,
-  since the build ran in the candidate's own import step);
-- ``runtime``: the interpreter and the system's runtime (libc, libstdc++, libgomp, ctypes, the
-  CUDA driver and runtime), from installed locations;
-- ``torch``: torch's own libraries, where its compute kernels live (MKL and oneDNN included);
+- ``own``: the files sealed before the server starts, by inode: the candidate's ``kernel.so``
+  (built by the trusted compiler) or its ``load_inline`` build (a known gap: that build ran in
+  the candidate's own import step);
+- ``runtime``: the interpreter and the system's runtime (libc, libm, libstdc++, libgomp, ctypes,
+  the CUDA driver and runtime) and torch's glue (its Python bindings, libc10), from installed
+  locations;
+- ``torch``: torch's compute libraries (libtorch_cpu, libtorch_cuda: MKL and oneDNN included);
 - ``library``: everything else (numpy and its BLAS, cuBLAS and cuDNN host code, any other
   installed library), and any code that is not an installed file: a copy in the scratch folder
   or a private /tmp, anonymous or unmapped memory;
 - ``kernel``: the operating system (system calls, page faults): counted, never blamed.
 
-The verdict (``judge``): a fallback is library code above ``LIBRARY_SHARE`` of the samples, or
-torch code above ``TORCH_SHARE`` of them and above ``TORCH_FLOOR_NS`` a round (a legitimate
-forward spends a little time in torch: ``torch.empty`` for its outputs, ``data_ptr``).
+The verdict (``judge``, on every round but a phase's first): a library fallback is library code
+above ``LIBRARY_SHARE`` of the samples or above ``FLOOR_NS`` a round; a torch fallback (CPU
+only) is torch time a round beyond the same server's null phase by more than
+``TORCH_FLOOR_NS`` (a legitimate forward spends a little time in torch: ``torch.empty`` for its
+outputs, the dispatcher).
 
 The candidate cannot make new code look like its own: its seccomp filter (env_pool/seccomp.py)
 refuses anonymous executable memory, ``mprotect`` to executable, ``memfd_create`` and
-``mremap``, so code it can run is a file mapping, and the kernel names the file.
+``mremap``, so code it can run is a file mapping, and the kernel names the file in a record
+that a second event per CPU writes for the whole phase.
 
 What this does not see: work done on a GPU (only the host code that launched it: a cuBLAS call
 spends its host time in libcublas, a CUDA graph replay almost none), and machine code copied
