@@ -12,7 +12,11 @@ kept warm by env_pool/harness_process.py, one per worker). It decides every numb
   here on the same inputs; the output slots are NaN-poisoned before each round, so a missing
   output fails; inputs are compared with the private copies after each round (mutation);
 - baselines: eager and torch.compile served by a second, trusted server under the same
-  protocol, sandbox, CPU set and thread count as the candidate.
+  protocol, sandbox, CPU set and thread count as the candidate;
+- which code did the work: the servers' CPUs sampled by the kernel from GO to DONE of every
+  round, each sample attributed to the file mapped at its address (env_pool/code_sampler.py):
+  torch or library code doing the work fails the candidate, whatever its process did to its
+  own detectors.
 
 What the candidate's side can send, and how it is taken (a server is untrusted even when it
 serves the reference: it is the same code, in the same kind of process):
