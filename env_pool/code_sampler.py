@@ -45,6 +45,7 @@ into ``kernel.so`` itself (through ``.incbin`` of a file visible to the compiler
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import platform
@@ -85,8 +86,7 @@ EXTENSIONS = ".torch_extensions"  # TORCH_EXTENSIONS_DIR in the scratch folder: 
 _RUNTIME = re.compile(r"^(python[\d.]*|libpython[\d.]+.*|ld-linux.*|ld-.*\.so.*|lib(c|m|dl|rt|pthread|util|resolv|"
                       r"stdc\+\+|gcc_s|gomp|iomp5|ffi|z|bz2|lzma|crypt|uuid|expat|ssl|crypto)([-.].*)?\.so.*|"
                       r"libgomp-[0-9a-f]+\.so.*|lib(cuda|cudart|nvidia-[\w-]+|nvrtc)\.so.*|"
-                      r"_ctypes.*\.so|_struct.*\.so|math.*\.so|select.*\.so|_posixsubprocess.*\.so|"
-                      r"_cmsgpack.*\.so|_packer.*\.so|_unpacker.*\.so)$")
+                      r"_cmsgpack.*\.so|_packer.*\.so|_unpacker.*\.so)$")  # the stdlib's own: _DYNLOAD
 # Torch's compute lives in libtorch_cpu / libtorch_cuda (MKL and oneDNN linked in). Its Python
 # bindings (libtorch_python, torch._C) and its core (libc10: allocator, dispatch keys) compute
 # nothing: they are the glue every legitimate forward goes through, and count as runtime.
@@ -167,12 +167,12 @@ class CpuSampler:
         for fd in self.fds:
             if on:
                 self._reperiod(fd)
-            libc_ioctl(fd, _IOC_ENABLE if on else _IOC_DISABLE)
+            fcntl.ioctl(fd, _IOC_ENABLE if on else _IOC_DISABLE, 0)
 
     def record_mappings(self, on: bool) -> None:
         """Record new executable mappings for a whole phase, rounds and the gaps between them."""
         for fd in self.recorders:
-            libc_ioctl(fd, _IOC_ENABLE if on else _IOC_DISABLE)
+            fcntl.ioctl(fd, _IOC_ENABLE if on else _IOC_DISABLE, 0)
 
     def reperiod(self) -> None:
         """Redraw every event's period: the sample times must not be predictable.
@@ -187,8 +187,6 @@ class CpuSampler:
 
     def _reperiod(self, fd: int) -> None:
         period = MIN_PERIOD_NS + int(self.random.expovariate(1.0 / (PERIOD_NS - MIN_PERIOD_NS)))
-        import fcntl
-
         fcntl.ioctl(fd, _IOC_PERIOD, struct.pack("Q", period))
 
     def half_full(self) -> bool:
@@ -219,12 +217,6 @@ class CpuSampler:
         for fd in self.fds + self.recorders:
             os.close(fd)
         self.rings, self.fds, self.recorders = [], [], []
-
-
-def libc_ioctl(fd: int, request: int) -> None:
-    import fcntl
-
-    fcntl.ioctl(fd, request, 0)
 
 
 def _paranoid() -> str:
@@ -331,12 +323,11 @@ class CodeIdentity:
         library in its place gets a new inode number, never the old one back (a freed inode's
         number is reused at once on ext4)."""
         own, held = set(), []
-        for path in [scratch / "kernel.so", *sorted((scratch / EXTENSIONS).glob("*/*.so"))]:
-            if path.is_file() and not path.is_symlink():
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                held.append(fd)
-                st = os.fstat(fd)
-                own.add((st.st_dev, st.st_ino))
+        for path in own_libraries(scratch):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            held.append(fd)
+            st = os.fstat(fd)
+            own.add((st.st_dev, st.st_ino))
         prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
         prefixes |= {os.path.realpath(p) for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
         prefixes |= {"/usr", "/lib", "/lib64", "/lib32", "/opt", "/bin", "/sbin"}
@@ -375,6 +366,13 @@ class CodeIdentity:
         if _RUNTIME.match(name) or _TORCH_GLUE.match(name) or _under(path, _DYNLOAD) or os.path.realpath(path) == os.path.realpath(sys.executable):
             return "runtime", name
         return "library", _short(path)
+
+
+def own_libraries(scratch: Path) -> list[Path]:
+    """The libraries in a scratch folder that count as the candidate's own code once sealed:
+    kernel.so and what a load_inline build left (evaluate.py seals them, CodeIdentity holds them)."""
+    found = [scratch / "kernel.so", *sorted((scratch / EXTENSIONS).glob("*/*.so"))]
+    return [p for p in found if p.is_file() and not p.is_symlink()]
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool.code_sampler import EXTENSIONS
+from env_pool.code_sampler import EXTENSIONS, own_libraries
 from env_pool.compile import BACKENDS, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
@@ -172,9 +172,8 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         kind = "timeout" if outcome.timed_out else "compile_error"
         return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
     # What the build left is the candidate's own code from here on (and only what it left now).
-    for library in (scratch / EXTENSIONS).glob("*/*.so"):
-        if library.is_file() and not library.is_symlink():
-            seal(library)
+    for library in own_libraries(scratch):
+        seal(library)
     return True
 
 
