@@ -145,6 +145,7 @@ class EnvConfig:
     compile_workers: int = 2  # parallel compile processes per env worker
     compile_timeout_s: float = 300.0  # wall-clock limit of one compile
     run_timeout_s: float = 120.0  # wall-clock limit of one verify or profile run
+    infra_retries: int = 2  # times env_pool/pool.py re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
     memory_limit_mb: int = 8192  # address-space limit of a candidate's process (host memory)
     warmup: int = 5  # untimed runs before timing
     repetitions: int = 30  # timed runs; the median is reported

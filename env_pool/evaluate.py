@@ -116,7 +116,7 @@ async def evaluate(ctx: EvalContext, task: Task, files: Mapping[str, str], mode:
         await _run_steps(ctx, task, dict(files), mode, backend, scratch, private, result)
     except WorkerUnhealthy as err:
         _set_failure(result, "infra", f"this worker's device is unhealthy ({err}); retry the evaluation on another worker")
-    except (SandboxError, OSError) as err:  # the environment's own fault: the pool retries it once
+    except (SandboxError, OSError) as err:  # the environment's own fault: the pool retries it
         _set_failure(result, "infra", f"the environment failed: {type(err).__name__}: {err}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -3,7 +3,8 @@
 Compiles run concurrently (``compile_workers`` at a time) while one candidate at a time holds
 the timing lane, so candidates never time each other. ``max_pending`` bounds the work a
 worker accepts: callers beyond it wait (backpressure) instead of piling up memory. A failure
-of the environment itself ("infra") is retried once; a candidate's own failure never is.
+of the environment itself ("infra") is retried (env.infra_retries times, with a growing pause);
+a candidate's own failure never is.
 On a GPU worker a timed-out or infra-failed run has the device examined (device_watch.py):
 a hung device takes the worker out of service, and its evaluations fail as infra at once.
 ``ncu`` gives the agent an Nsight Compute summary of its kernels (ncu.py).
@@ -26,6 +27,8 @@ from env_pool.reference_profile import ReferenceProfiles
 from env_pool.results import EvalResult
 from env_pool.reward import apply_reward
 from tasks.task import Task
+
+INFRA_PAUSE_S = 1.0  # the first pause before an infra retry; each later one doubles
 
 
 @dataclass
@@ -86,11 +89,15 @@ class EnvPool:
                     return self._refused(task)
                 result = await evaluate(self.ctx, task, files, mode)
                 await self.watch.after(result)
-                if result.failure == "infra" and not self.ctx.unhealthy:
+                for attempt in range(int(self.ctx.cfg.infra_retries)):
+                    if result.failure != "infra" or self.ctx.unhealthy:
+                        break
+                    # A disturbed machine (another process storming the CPUs) usually settles in seconds.
+                    await asyncio.sleep(INFRA_PAUSE_S * 2 ** attempt)
                     self.stats.retried += 1
                     result = await evaluate(self.ctx, task, files, mode)
                     await self.watch.after(result)
-                    self.stats.infra_failures += result.failure == "infra"
+                self.stats.infra_failures += result.failure == "infra"
                 self.stats.evaluated += 1
                 return result
             finally:
