@@ -395,7 +395,7 @@ async def _score_solutions(sweep: Sweep, env: RayEnvClient, todo: list[tuple[Tas
     async def one(task: Task, sample: int) -> None:
         files = sweep.solutions[task.id]
         started = time.monotonic()
-        result = await env.evaluate(task, files, "full")
+        result = await evaluate_retrying(env, task, files, int(sweep.cfg.eval.infra_retries))
         finished({
             "episode_id": episode_id(task, sample), "task_id": task.id, "level": task.level, "sample": sample,
             **eval_fields(result.to_dict()),
@@ -408,6 +408,19 @@ async def _score_solutions(sweep: Sweep, env: RayEnvClient, todo: list[tuple[Tas
 
 
 # --------------------------------------------------------------------------- the post passes
+
+
+async def evaluate_retrying(env: RayEnvClient, task: Task, files: dict[str, str], retries: int) -> EvalResult:
+    """A full evaluation, tried again while it fails for the environment's own reasons (infra: a
+    baseline that timed implausibly on a loaded machine, a worker that died). The worker retries
+    once itself; a sweep, which has no later chance, tries ``retries`` more times."""
+    result = await env.evaluate(task, files, "full")
+    for _ in range(retries):
+        if result.failure != "infra":
+            break
+        log.warning("%s: infra failure (%s); evaluating again", task.id, result.message.splitlines()[0][:200] if result.message else "")
+        result = await env.evaluate(task, files, "full")
+    return result
 
 
 def unique_solutions(records: Iterable[dict[str, Any]], min_milestone: int) -> dict[str, dict[str, Any]]:
@@ -446,7 +459,7 @@ async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict
 
             async def one(r: dict[str, Any]) -> None:
                 files = {p.name: p.read_text() for p in sorted((out / r["solution"]).iterdir()) if p.is_file()}
-                result = await env.evaluate(task_of[r["task_id"]], files, "full")
+                result = await evaluate_retrying(env, task_of[r["task_id"]], files, int(cfg.eval.infra_retries))
                 fields = eval_fields(result.to_dict())
                 writer.write({"solution_hash": r["solution_hash"], "task_id": r["task_id"], "level": r["level"],
                               "was_milestone": r["milestone"], "held": fields["milestone"] >= r["milestone"],

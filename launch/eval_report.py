@@ -80,7 +80,8 @@ def summarize(records: list[dict[str, Any]], audits: list[dict[str, Any]], autot
             by_task.setdefault(r["task_id"], []).append(r)
         samples = min(len(v) for v in by_task.values())
         correct = [r for r in rs if _correct(r)]
-        audited = [audit_of[h] for h in {r["solution_hash"] for r in rs if r.get("solution_hash") in audit_of}]
+        audits = [audit_of[h] for h in {r["solution_hash"] for r in rs if r.get("solution_hash") in audit_of}]
+        audited = [a for a in audits if a["failure"] != "infra"]  # the environment failed, not the solution
         g = {
             "problems": len(by_task), "episodes": len(rs), "samples_per_problem": samples,
             "pass": len(correct) / len(rs),
@@ -107,6 +108,7 @@ def summarize(records: list[dict[str, Any]], audits: list[dict[str, Any]], autot
             "guard_violations": dict(Counter(v["guard"] for r in rs for v in r.get("violations", []))),
             "audited": len(audited), "audit_held": sum(a["held"] for a in audited),
             "audit_failures": dict(Counter(a["failure"] or "slower" for a in audited if not a["held"])),
+            "audit_infra": len(audits) - len(audited),
         }
         summary["groups"][name] = g
     summary["problems"] = problem_rows(records, audit_of)
@@ -127,7 +129,8 @@ def problem_rows(records: list[dict[str, Any]], audit_of: dict[str, dict[str, An
                      "best_milestone": best["milestone"], "failure": best["failure"], "message": best["message"],
                      "speedup_eager": best.get("speedup_eager"), "speedup_compile": best.get("speedup_compile"),
                      "speedup_max_autotune": best.get("speedup_max_autotune"), "turns": best["turns"],
-                     "audit": None if audit is None else ("held" if audit["held"] else f"failed ({audit['failure'] or 'slower'})"),
+                     "audit": None if audit is None else ("held" if audit["held"] else "not run (infra)" if audit["failure"] == "infra"
+                                                          else f"failed ({audit['failure'] or 'slower'})"),
                      "solution": best.get("solution")})
     return rows
 
@@ -143,6 +146,8 @@ COUNTING = [
     "and the timings' noise.",
     "Geomean speedups: 'correct only' is over correct episodes; 'failures as 1x' is over all episodes, a failed one "
     "counted as 1.0x (the user keeps the baseline).",
+    "max-autotune: every correct solution is timed again against torch.compile mode max-autotune on a fresh env worker; "
+    "one whose re-timing failed counts as not faster.",
     "Speedups are of this environment's own baselines, timed by the same trusted harness and protocol as the candidate.",
 ]
 
@@ -217,7 +222,8 @@ def detail_lines(summary: dict[str, Any], max_autotune_on: bool) -> list[str]:
              f"Environment (infra) failures: {o['failures'].get('infra', 0)} episode(s), counted as failures above; "
              "rerun the same command to retry them",
              f"Audit: {o['audit_held']} of {o['audited']} solutions counted faster held"
-             + (f"; failed: {_counts(o['audit_failures'])}" if o["audit_failures"] else "")]
+             + (f"; failed: {_counts(o['audit_failures'])}" if o["audit_failures"] else "")
+             + (f"; {o['audit_infra']} could not be audited (infra): rerun to retry" if o["audit_infra"] else "")]
     if o["fast1_max_autotune"] is None:
         lines.append("torch.compile max-autotune: not measured in this sweep ("
                      + ("no correct solution to re-time" if max_autotune_on else "eval.max_autotune=false") + ").")

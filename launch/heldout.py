@@ -49,6 +49,14 @@ class HeldOutEval:
             raise ConfigError(f"eval.heldout_tasks: {what}")
         return cls(tasks, every, int(cfg.eval.heldout_samples), out)
 
+    def warn_overlap(self, training: list[Task]) -> None:
+        """A held-out problem that is also a training problem (same source) measures recall, not generalisation."""
+        sources = {t.source.strip() for t in training}
+        shared = [t.id for t in self.tasks if t.source.strip() in sources]
+        if shared:
+            log.warning("eval.heldout_tasks shares %d problem(s) with stage.tasks (%s): those are not held out",
+                        len(shared), ", ".join(shared[:5]))
+
     def maybe_start(self, step: int, generators: list[Any], sink: Any) -> bool:
         """Start the sweep due at global ``step`` (1-based) in the background; False if none started."""
         if step % self.every_steps:

@@ -114,6 +114,7 @@ def train(cfg: Any) -> Path:
     check_groups(cfg)
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    heldout = HeldOutEval.from_config(cfg, out)  # before Ray starts: a bad held-out set fails now
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster)
     plan = plan_resources(cfg)
@@ -122,8 +123,9 @@ def train(cfg: Any) -> Path:
     tasks, failures = load_tasks(list(cfg.stage.tasks))
     for f in failures:
         log.warning("task not loaded: %s: %s", f.path, f.reason)
+    if heldout is not None:
+        heldout.warn_overlap(tasks)
     model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-    heldout = HeldOutEval.from_config(cfg, out)  # before any actor starts: a bad held-out set fails now
     state = RecipeState.load(out, model, cfg.stage.resume)
     system = asyncio.run(start_system(cfg, plan, reservation))
     try:

