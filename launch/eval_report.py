@@ -221,7 +221,7 @@ def detail_lines(summary: dict[str, Any], max_autotune_on: bool) -> list[str]:
              f"Guard violations: {_counts(o['guard_violations'])}",
              f"Environment (infra) failures: {o['failures'].get('infra', 0)} episode(s), counted as failures above; "
              "rerun the same command to retry them",
-             f"Audit: {o['audit_held']} of {o['audited']} solutions counted faster held"
+             f"Audit (solutions at eval.audit_min_milestone or above): {o['audit_held']} of {o['audited']} held"
              + (f"; failed: {_counts(o['audit_failures'])}" if o["audit_failures"] else "")
              + (f"; {o['audit_infra']} could not be audited (infra): rerun to retry" if o["audit_infra"] else "")]
     if o["fast1_max_autotune"] is None:
