@@ -204,3 +204,22 @@ def test_an_embedded_model_sweep_runs_vllm_episodes_and_reports_them(tmp_path):
     summary = json.loads((out / "summary.json").read_text())["groups"]["overall"]
     assert summary["episodes"] == 2 and set(summary["pass_at_k"]) == {"1", "2"}
     assert "| pass@2 |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_max_autotune_retimes_each_correct_solution_and_the_report_shows_it(tmp_path):
+    """eval.max_autotune: a fresh env worker times the baseline in torch.compile mode max-autotune."""
+    sol = tmp_path / "sol" / "01_gelu"
+    sol.mkdir(parents=True)
+    for f in ("model_new.py", "kernel.cpp"):
+        (sol / f).write_text((CORPUS / "legit" / "gelu_omp" / f).read_text())
+    out = tmp_path / "out"
+    proc = eval_cli("--solutions", str(sol.parent), "--tasks", str(STARTER / "01_gelu.py"), "--out", str(out),
+                    "eval.audit=false", env_dir=tmp_path / "env", timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [tuned] = lines(out / "autotune.jsonl")
+    assert tuned["settings"] == {"compile_mode": "max-autotune"} and tuned["failure"] is None, tuned
+    assert tuned["compiled_ms"] > 0 and tuned["speedup_compile"] == pytest.approx(tuned["compiled_ms"] / tuned["candidate_ms"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["problems"][0]["speedup_max_autotune"] == pytest.approx(tuned["speedup_compile"])
+    assert "not measured" not in (out / "report.md").read_text()
