@@ -238,9 +238,9 @@ class EvalConfig:
     audit_adversarial_inputs: bool = True  # launch/eval.py: the audit also verifies on extreme-valued inputs (env/inputs.py: large, tiny, signed zeros, kinks)
     infra_retries: int = 2  # launch/eval.py: more tries of an audit, max-autotune or --solutions evaluation that failed as infra (episodes: rerun the command)
     max_autotune: bool = True  # launch/eval.py: re-time every correct solution against torch.compile mode max-autotune on a fresh env worker
-    every_steps: int = 0  # launch/train.py: a held-out sweep every this many learner steps, beside generation; 0: never
-    heldout_tasks: list[str] = field(default_factory=list)  # launch/train.py: the held-out problems; empty with every_steps > 0 is an error
-    heldout_samples: int = 1  # launch/train.py: episodes per held-out problem in each held-out sweep
+    every_steps: int = 0  # launch/heldout.py (started by launch/train.py): a held-out sweep every this many learner steps, beside generation; 0: never
+    heldout_tasks: list[str] = field(default_factory=list)  # launch/heldout.py: the held-out problems; empty with every_steps > 0 is an error
+    heldout_samples: int = 1  # launch/heldout.py: episodes per held-out problem in each held-out sweep
 
 
 @dataclass

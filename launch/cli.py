@@ -318,7 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     from actors.topology import TopologyError
     from rollout.policy import PolicyError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # `eval CONFIG --policy P key=value`: argparse takes one run of positionals, so CONFIG files and
+    # overrides typed after an option arrive here; they are the command's items, not errors.
+    if getattr(args, "func", None) is cmd_eval and all(not u.startswith("-") for u in unknown):
+        args.items += unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError) as err:

@@ -305,6 +305,9 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     done = {r["episode_id"] for r in records if r["failure"] != "infra"}
     records = [r for r in records if r["episode_id"] in done]
     todo = [(t, k) for t in sweep.tasks for k in range(sweep.samples) if episode_id(t, k) not in done]
+    if not todo and not pending_passes(sweep, records):  # a finished sweep: only the report is rewritten
+        write_report(out, sweep.cfg, sweep.tasks, sweep.identity())
+        return out
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster)
     reservation = None
@@ -433,10 +436,10 @@ def unique_solutions(records: Iterable[dict[str, Any]], min_milestone: int) -> d
     return chosen
 
 
-async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict[str, Any]], progress: bool) -> None:
-    """Max-autotune re-timing and the hack audit, each on fresh env workers of its own."""
+def pending_passes(sweep: Sweep, records: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any], list[dict[str, Any]]]]:
+    """(name, file, env overrides, records of the solutions still to evaluate) of each post pass with work left."""
     cfg, out = sweep.cfg, sweep.out
-    task_of = {t.id: t for t in sweep.tasks}
+    task_ids = {t.id for t in sweep.tasks}
     passes = []
     if cfg.eval.max_autotune:
         passes.append(("max-autotune", AUTOTUNE, {"compile_mode": "max-autotune"}, int(Milestone.CORRECT)))
@@ -444,11 +447,20 @@ async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict
         passes.append(("audit", AUDIT, {"correctness_inputs": int(cfg.eval.audit_correctness_inputs),
                                         "adversarial_inputs": bool(cfg.eval.audit_adversarial_inputs)},
                        int(cfg.eval.audit_min_milestone)))
+    pending = []
     for name, file, overrides, min_milestone in passes:
         done = {r["solution_hash"] for r in read_jsonl(out / file) if r["failure"] != "infra"}
-        todo = [r for h, r in unique_solutions(records, min_milestone).items() if h not in done and r["task_id"] in task_of]
-        if not todo:
-            continue
+        todo = [r for h, r in unique_solutions(records, min_milestone).items() if h not in done and r["task_id"] in task_ids]
+        if todo:
+            pending.append((name, file, overrides, todo))
+    return pending
+
+
+async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict[str, Any]], progress: bool) -> None:
+    """Max-autotune re-timing and the hack audit, each on fresh env workers of its own."""
+    cfg, out = sweep.cfg, sweep.out
+    task_of = {t.id: t for t in sweep.tasks}
+    for name, file, overrides, todo in pending_passes(sweep, records):
         log.info("%s: evaluating %d solution(s) on fresh env workers", name, len(todo))
         env_cfg = OmegaConf.to_container(OmegaConf.merge(cfg.env, overrides), enum_to_str=True)
         workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(s)).remote(env_cfg)

@@ -39,9 +39,9 @@ def write_and_submit(folder: Path) -> list[str]:
     return turns + [call("submit")]
 
 
-def eval_cli(*args: str, env_dir: Path, timeout: float = 1500, **popen) -> subprocess.Popen | subprocess.CompletedProcess:
+def eval_cli(*args: str, env_dir: Path, timeout: float = 1500, num_cpus: int = 2, **popen) -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "launch.cli", "eval", *args, f"env.work_dir={env_dir}",
-           "cluster.num_cpus=2", "--quiet"]
+           f"cluster.num_cpus={num_cpus}", "--quiet"]
     env = dict(os.environ, COLUMNS="150", RAY_USAGE_STATS_ENABLED="0")
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
@@ -196,7 +196,7 @@ def test_an_embedded_model_sweep_runs_vllm_episodes_and_reports_them(tmp_path):
     out = tmp_path / "out"
     proc = eval_cli("cpu-demo", "--policy", "vllm:embedded", "--tasks", str(STARTER / "01_gelu.py"), "--out", str(out),
                     "eval.samples_per_task=2", "eval.max_turns=2", "eval.pass_k=[1,2]", "rollout.max_new_tokens=128",
-                    "rollout.episodes_in_flight=2", env_dir=tmp_path / "env", timeout=1500)
+                    "rollout.episodes_in_flight=2", env_dir=tmp_path / "env", timeout=1500, num_cpus=3)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = lines(out / "results.jsonl")
     assert sorted(r["episode_id"] for r in records) == ["eval-01_gelu-s0", "eval-01_gelu-s1"]
