@@ -236,7 +236,7 @@ class EvalConfig:
     audit_min_milestone: int = 2  # launch/eval.py: audit solutions at least this milestone (2 faster than eager, 3 faster than compile, 1 every correct one)
     audit_correctness_inputs: int = 20  # launch/eval.py: fresh random input sets in the audit (training and the sweep use env.correctness_inputs)
     audit_adversarial_inputs: bool = True  # launch/eval.py: the audit also verifies on extreme-valued inputs (env/inputs.py: large, tiny, signed zeros, kinks)
-    infra_retries: int = 2  # launch/eval.py: more tries of an audit, max-autotune or --solutions evaluation that failed as infra (episodes: rerun the command)
+    infra_retries: int = 2  # launch/eval.py: more tries of an evaluation that failed as infra (an episode's final one on its saved files; audit, max-autotune, --solutions); a rerun of the command tries what is left
     max_autotune: bool = True  # launch/eval.py: re-time every correct solution against torch.compile mode max-autotune on a fresh env worker
     every_steps: int = 0  # launch/heldout.py (started by launch/train.py): a held-out sweep every this many learner steps, beside generation; 0: never
     heldout_tasks: list[str] = field(default_factory=list)  # launch/heldout.py: the held-out problems; empty with every_steps > 0 is an error

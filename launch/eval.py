@@ -349,7 +349,7 @@ async def _run_todo(sweep: Sweep, reservation: Reservation, todo: list[tuple[Tas
             await _score_solutions(sweep, RayEnvClient(workers), todo, finished)
         else:
             generators = start_generators(sweep, reservation, workers)
-            await run_episodes(sweep, generators, todo, finished)
+            await run_episodes(sweep, generators, todo, finished, RayEnvClient(workers))
     finally:
         for actor in [*generators, *workers]:
             ray.kill(actor, no_restart=True)
@@ -369,11 +369,14 @@ def in_flight(cfg: Any) -> int:
 
 
 async def run_episodes(sweep: Sweep, generators: list[Any], todo: list[tuple[Task, int]],
-                       finished: Callable[[dict[str, Any]], None]) -> None:
+                       finished: Callable[[dict[str, Any]], None], env: RayEnvClient) -> None:
     """Every job on the generators, ``in_flight`` at a time on each; a record the moment each ends.
 
     One Ray call per episode (not per chunk, as training does), so a result is written the
-    moment its episode ends; a generator that dies has its episodes rerun once it is back."""
+    moment its episode ends; a generator that dies has its episodes rerun once it is back. An
+    episode whose final evaluation failed as infra (the environment's fault) is judged again on
+    the files it left, up to eval.infra_retries times: a 200-turn episode is not thrown away
+    because a baseline timed badly."""
     max_turns = int(sweep.cfg.eval.max_turns)
     await asyncio.gather(*(g.start.remote(max_turns) for g in generators))
     queue = deque(todo)
@@ -388,7 +391,12 @@ async def run_episodes(sweep: Sweep, generators: list[Any], todo: list[tuple[Tas
                 queue.appendleft((task, sample))
                 await retry_while_restarting(lambda: generator.start.remote(max_turns), (RayActorError,))
                 continue
-            finished(episode_record(traj, task, sample, sweep.out))
+            record = episode_record(traj, task, sample, sweep.out)
+            if record["failure"] == "infra" and record["solution"] and sweep.cfg.eval.infra_retries > 0:
+                files = {p.name: p.read_text() for p in sorted((sweep.out / record["solution"]).iterdir()) if p.is_file()}
+                result = await evaluate_retrying(env, task, files, int(sweep.cfg.eval.infra_retries) - 1)
+                record.update(eval_fields(result.to_dict()), rejudged=True)
+            finished(record)
 
     await asyncio.gather(*(lane(g) for g in generators for _ in range(in_flight(sweep.cfg))))
 
