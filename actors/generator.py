@@ -27,9 +27,14 @@ from tasks.task import Task
 
 @ray.remote
 class GeneratorActor:
-    def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int = 0):
+    def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int = 0,
+                 policy_spec: str | None = None, episodes_in_flight: int | None = None, keep_solution: bool = False):
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         self.index, self.buffer = index, buffer
+        # Training serves cfg.model.path with vLLM; an evaluation sweep may name any policy spec
+        # (rollout/policy.py), and keeps each episode's final solution files for its report.
+        self.policy_spec = policy_spec or f"vllm:{self.cfg.model.path}"
+        self.episodes_in_flight, self.keep_solution = episodes_in_flight, keep_solution
         self.env_workers = env_workers
         self.policy = None  # the engine starts on first use, inside the actor's event loop
         self.runner = None
@@ -54,9 +59,10 @@ class GeneratorActor:
     async def _ready(self) -> None:
         async with self.starting:
             if self.policy is None:
-                self.policy = make_policy(f"vllm:{self.cfg.model.path}", self.cfg)
+                self.policy = make_policy(self.policy_spec, self.cfg)
             if self.runner is None:
-                self.runner = episode_runner(self.cfg, self.policy, RayEnvClient(self.env_workers), self.max_turns)
+                self.runner = episode_runner(self.cfg, self.policy, RayEnvClient(self.env_workers), self.max_turns,
+                                             self.episodes_in_flight, self.keep_solution)
 
     async def run(self, jobs: list[tuple[dict[str, Any], str]], to_buffer: bool = True) -> list[Any]:
         """Run the jobs concurrently; returns what the buffer answered for each (or the trajectories)."""

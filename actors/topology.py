@@ -79,8 +79,10 @@ class ResourcePlan:
 # --------------------------------------------------------------------------- planning
 
 
-def plan_resources(cfg: Any) -> ResourcePlan:
-    """The bundles and slots for ``cfg.cluster`` (and ``cfg.env.backend``); no Ray needed."""
+def plan_resources(cfg: Any, learner: bool = True) -> ResourcePlan:
+    """The bundles and slots for ``cfg.cluster`` (and ``cfg.env.backend``); no Ray needed.
+
+    ``learner=False`` plans generators and env workers only (an evaluation sweep trains nothing)."""
     c = _cluster_values(cfg.cluster)
     _validate(c, _backend(cfg))
     layout = _Layout()
@@ -89,7 +91,8 @@ def plan_resources(cfg: Any) -> ResourcePlan:
         layout.place(slot, [layout.new_gpu() for _ in range(c["generator_gpus"])])
     generator_gpus = len(layout.gpus)
 
-    learner = [Slot("learner", r, [], 0.0, c["learner_cpus"]) for r in range(c["learner_gpus"] or c["learner_cpu_ranks"])]
+    ranks = (c["learner_gpus"] or c["learner_cpu_ranks"]) if learner else 0
+    learner = [Slot("learner", r, [], 0.0, c["learner_cpus"]) for r in range(ranks)]
     for slot in learner:
         # Colocated: rank r shares generator GPU r, so weights swap within a device (CUDA IPC).
         shared = c["colocate"] and slot.index < generator_gpus

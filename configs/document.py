@@ -68,5 +68,7 @@ def _dataclass_type(annotation: Any) -> type | None:
 def _scalar(value: Any) -> str:
     if isinstance(value, Enum):
         value = value.value
+    if isinstance(value, list) and value:  # flow style keeps a list on its commented line: [1, 5, 10]
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
     text = OmegaConf.to_yaml({"v": value}).strip()
     return text[len("v: "):] if text.startswith("v: ") else text[len("v:"):].strip()

@@ -228,10 +228,22 @@ class StageConfig:
 
 @dataclass
 class EvalConfig:
-    tasks: list[str] = field(default_factory=list)  # problem files or folders; empty: the shipped starter set
-    max_turns: int = 200  # agent turns per problem in evaluation
-    samples_per_task: int = 1  # episodes per problem
-    policy: str = "vllm:embedded"  # vllm:MODEL_DIR, or openai:URL for an OpenAI-compatible endpoint
+    tasks: list[str] = field(default_factory=list)  # launch/eval.py: problem files or folders (--tasks wins); empty: the shipped starter set
+    policy: str = "vllm:embedded"  # launch/eval.py: vllm:MODEL_DIR, vllm:embedded, openai:URL#MODEL or replay:FILE|DIR (--policy wins)
+    max_turns: int = 200  # launch/eval.py: agent turns per episode (the paper evaluates with up to 200)
+    samples_per_task: int = 1  # launch/eval.py: episodes per problem (pass@k needs k samples or more)
+    out_dir: str = "runs/eval"  # launch/eval.py: results.jsonl, audit.jsonl, autotune.jsonl, solutions/, report.md, report.html (--out wins)
+    episodes_in_flight: Optional[int] = None  # launch/eval.py: concurrent episodes per generator; None: rollout.episodes_in_flight
+    pass_k: list[int] = field(default_factory=lambda: [1, 5, 10])  # launch/eval_report.py: pass@k for each k up to samples_per_task
+    audit: bool = True  # launch/eval.py: re-evaluate every solution at audit_min_milestone or above on a fresh env worker, stricter inputs
+    audit_min_milestone: int = 2  # launch/eval.py: audit solutions at least this milestone (2 faster than eager, 3 faster than compile, 1 every correct one)
+    audit_correctness_inputs: int = 20  # launch/eval.py: fresh random input sets in the audit (training and the sweep use env.correctness_inputs)
+    audit_adversarial_inputs: bool = True  # launch/eval.py: the audit also verifies on extreme-valued inputs (env/inputs.py: large, tiny, signed zeros, kinks)
+    infra_retries: int = 2  # launch/eval.py: more tries of an evaluation that failed as infra (an episode's final one on its saved files; audit, max-autotune, --solutions); a rerun of the command tries what is left
+    max_autotune: bool = True  # launch/eval.py: re-time every correct solution against torch.compile mode max-autotune on a fresh env worker
+    every_steps: int = 0  # launch/heldout.py (started by launch/train.py): a held-out sweep every this many learner steps, beside generation; 0: never
+    heldout_tasks: list[str] = field(default_factory=list)  # launch/heldout.py: the held-out problems; empty with every_steps > 0 is an error
+    heldout_samples: int = 1  # launch/heldout.py: episodes per held-out problem in each held-out sweep
 
 
 @dataclass

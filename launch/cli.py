@@ -197,6 +197,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from configs.load import load_config
+    from launch.eval import build_sweep, run_sweep
+    from launch.eval_report import headline_rows
+
+    files, overrides = _split_files_and_overrides(args.items)
+    # --tasks takes several values, so overrides typed after it land there: give them back.
+    overrides += [t for t in args.tasks or [] if "=" in t and not Path(t).exists()]
+    args.tasks = [t for t in args.tasks or [] if t not in overrides] or None
+    cfg = load_config(files, overrides)
+    if args.solutions and args.policy:
+        from tasks.task import TaskError
+
+        raise TaskError("give --policy (run agents) or --solutions (score existing kernels), not both")
+    sweep = build_sweep(cfg, args.policy, args.tasks, args.out, args.solutions)
+    console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}; "
+                  f"results in {sweep.out}")
+    try:
+        out = run_sweep(sweep, progress=cfg.logging.progress and not args.quiet, console=err_console)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: finished episodes are in {sweep.out}/results.jsonl; run the same command to continue")
+        return 130
+    summary_path = out / "summary.json"
+    if summary_path.exists():
+        from rich.table import Table
+
+        header, rows = headline_rows(json.loads(summary_path.read_text()))
+        table = Table(title=f"evaluation: {sweep.policy}")
+        for col in header:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    console.print(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent", description="Train and evaluate LLM agents that write fast kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,6 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--quiet", action="store_true", help="no live status line")
     ep.set_defaults(func=cmd_episode)
 
+    evp = sub.add_parser("eval", help="an evaluation sweep (agents, or existing kernels) and its report: CONFIG files then "
+                         "key=value overrides", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+                             "--solutions DIR reads, per problem: DIR/TASK_ID/ or DIR/NAME/ holding model_new.py (and its "
+                             "kernel sources), DIR/TASK_ID.py or DIR/NAME.py defining ModelNew, or KernelBench's "
+                             "level_L_problem_P_sample_S_kernel.py.\nRerunning the same command continues a stopped sweep."))
+    evp.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo eval.samples_per_task=4")
+    evp.add_argument("--policy", help="vllm:MODEL_DIR, vllm:embedded, openai:URL#MODEL or replay:FILE|DIR (default: eval.policy)")
+    evp.add_argument("--tasks", nargs="+", help="problem files or folders (default: eval.tasks, else the starter set)")
+    evp.add_argument("--solutions", metavar="DIR", help="score existing solutions in DIR instead of running a policy")
+    evp.add_argument("--out", help="output folder (default: eval.out_dir)")
+    evp.add_argument("--quiet", action="store_true", help="no live progress display")
+    evp.set_defaults(func=cmd_eval)
+
     tr = sub.add_parser("train", help="run a training stage or the whole recipe: CONFIG files then key=value overrides")
     tr.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
     tr.set_defaults(func=cmd_train)
@@ -268,7 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     from actors.topology import TopologyError
     from rollout.policy import PolicyError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # `eval CONFIG --policy P key=value`: argparse takes one run of positionals, so CONFIG files and
+    # overrides typed after an option arrive here; they are the command's items, not errors.
+    if getattr(args, "func", None) is cmd_eval and all(not u.startswith("-") for u in unknown):
+        args.items += unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError) as err:

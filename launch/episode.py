@@ -15,7 +15,8 @@ from rollout.policy import make_policy
 from rollout.trajectory import Trajectory
 
 
-def episode_runner(cfg: Any, policy: Any, env: Any, max_turns: int | None = None) -> EpisodeRunner:
+def episode_runner(cfg: Any, policy: Any, env: Any, max_turns: int | None = None,
+                   episodes_in_flight: int | None = None, keep_solution: bool = False) -> EpisodeRunner:
     """An EpisodeRunner wired from the config's rollout and env sections."""
     settings = EpisodeSettings.from_config(cfg.rollout, cfg.env.reward.failure, max_turns)
     return EpisodeRunner(
@@ -23,9 +24,10 @@ def episode_runner(cfg: Any, policy: Any, env: Any, max_turns: int | None = None
         backend=str(getattr(cfg.env.backend, "value", cfg.env.backend)),
         workspace_root=Path(os.path.expanduser(cfg.env.work_dir)) / "workspaces",
         observation_max_chars=cfg.rollout.observation_max_chars,
-        episodes_in_flight=cfg.rollout.episodes_in_flight,
+        episodes_in_flight=episodes_in_flight or cfg.rollout.episodes_in_flight,
         generate_rate=cfg.rollout.generation_rps,
         skill_in_prompt=cfg.rollout.skill_in_prompt,
+        keep_solution=keep_solution,
     )
 
 

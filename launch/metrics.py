@@ -135,6 +135,15 @@ class MetricsSink:
         self.last_step = step
         return True
 
+    def log_side(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Scalars of a side measurement (a held-out sweep) to TensorBoard at ``step``, which may be
+        logged already: they are not a step record (launch/heldout.py keeps their JSONL)."""
+        if self._tb is not None:
+            for name, value in flatten(metrics).items():
+                if isinstance(value, (int, float)):
+                    self._tb.add_scalar(name, float(value), step)
+            self._tb.flush()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -39,6 +39,7 @@ from actors.jobs import JobFeeder, TaskSampler
 from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
+from launch.heldout import HeldOutEval
 from launch.metrics import MetricsSink, ProgressDisplay, episode_metrics, write_plots
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories
@@ -113,6 +114,7 @@ def train(cfg: Any) -> Path:
     check_groups(cfg)
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    heldout = HeldOutEval.from_config(cfg, out)  # before Ray starts: a bad held-out set fails now
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster)
     plan = plan_resources(cfg)
@@ -121,13 +123,15 @@ def train(cfg: Any) -> Path:
     tasks, failures = load_tasks(list(cfg.stage.tasks))
     for f in failures:
         log.warning("task not loaded: %s: %s", f.path, f.reason)
+    if heldout is not None:
+        heldout.warn_overlap(tasks)
     model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
     state = RecipeState.load(out, model, cfg.stage.resume)
     system = asyncio.run(start_system(cfg, plan, reservation))
     try:
         for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
             if stage not in state.done:
-                asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out))
+                asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out, heldout))
     finally:
         write_plots(out)
         system.shutdown()
@@ -138,7 +142,7 @@ def train(cfg: Any) -> Path:
 
 
 async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: RecipeState,
-                    base_model: str, out: Path) -> None:
+                    base_model: str, out: Path, heldout: HeldOutEval | None = None) -> None:
     kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
     started = time.monotonic()
     step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
@@ -179,12 +183,18 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                 metrics["jobs/learner_restarts"] = learner_restarts
                 sink.log(state.step + step, metrics, stage)
                 log_episodes(out, state.step + step, stage, episodes)
+                if heldout is not None:  # in the background: generation and the next step go on
+                    heldout.maybe_start(state.step + step, system.generators, sink)
                 display.update(step, metrics, stage)
     except (KeyboardInterrupt, asyncio.CancelledError):
+        if heldout is not None:
+            heldout.cancel()
         log.warning("interrupted: saving a checkpoint of %s at step %d", stage, step)
         await system.learn("save", step, {"version": system.version})
         raise
     finally:
+        if heldout is not None:
+            await heldout.wait()  # its episodes use the generators: done before they change stage
         sink.close()
         if background is not None:
             background.cancel()

@@ -155,6 +155,8 @@ class Episode:
             messages=self.messages,
             tools=self.schemas,
             max_new_tokens=min(self.settings.max_new_tokens, room),
+            episode_id=self.traj.episode_id,
+            task_id=self.task.id,
         )
 
     def _room(self) -> int:

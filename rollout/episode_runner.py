@@ -72,7 +72,7 @@ class EpisodeRunner:
     def __init__(self, policy: Policy, env: EnvClient, settings: EpisodeSettings, *, backend: str,
                  workspace_root: str | Path, observation_max_chars: int = 4000, episodes_in_flight: int = 16,
                  generate_rate: float = 0.0, env_rate: float = 0.0, keep_workspaces: bool = False,
-                 skill_in_prompt: bool = True):
+                 skill_in_prompt: bool = True, keep_solution: bool = False):
         self.policy = ThrottledPolicy(policy, Throttler(generate_rate)) if generate_rate > 0 else policy
         self.env = ThrottledEnv(env, Throttler(env_rate)) if env_rate > 0 else env
         self.settings, self.backend = settings, backend
@@ -81,14 +81,19 @@ class EpisodeRunner:
         self.slots = asyncio.Semaphore(episodes_in_flight)
         self.keep_workspaces = keep_workspaces
         self.skill, self.skill_in_prompt = skill_text(backend), skill_in_prompt
+        # Evaluation keeps what the final evaluation judged (traj.meta["solution"]) for its report and audit.
+        self.keep_solution = keep_solution
 
     async def run_one(self, job: Job) -> Trajectory:
         async with self.slots:
             ws = Workspace.create(self.workspace_root, job.episode_id, job.task, self.backend, self.skill)
             try:
                 tools = ToolBox(job.task, ws, self.env, self.backend, self.observation_max_chars)
-                return await run_episode(job.task, self.policy, tools, self.settings,
+                traj = await run_episode(job.task, self.policy, tools, self.settings,
                                          self.skill if self.skill_in_prompt else "", self.backend, job.episode_id)
+                if self.keep_solution:
+                    traj.meta["solution"] = ws.solution_files()
+                return traj
             finally:
                 if not self.keep_workspaces:
                     # In a thread: the episodes of a batch end together, and their rmtrees (ms each)

@@ -33,6 +33,8 @@ class GenerationRequest:
     tools: list[dict]  # tool JSON schemas, OpenAI function form (chat-only policies pass them on)
     max_new_tokens: int
     stop: list[str] = field(default_factory=list)  # extra stop strings; included in the output
+    episode_id: str = ""  # which episode asks (a replay policy keeps its place in each episode's script)
+    task_id: str = ""  # which task the episode works on (a replay policy picks that task's script)
 
 
 @dataclass

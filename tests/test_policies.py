@@ -619,3 +619,25 @@ async def test_openai_policy_against_vllm_serve_with_tools_and_text(vllm_server,
     finally:
         await policy.close()
     _timing(capsys, f"vllm serve (tiny model): ready in {start_s:.1f}s; two 16-token chat completions in {gen_s:.2f}s")
+
+
+@pytest.mark.asyncio
+async def test_replay_folder_plays_each_tasks_script_with_a_place_per_episode(tmp_path, tokenizer):
+    """replay:DIR (eval sweeps): DIR/<task id>.json or DIR/<name>.yaml per task; episodes do not share a place."""
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "01_gelu.json").write_text(json.dumps(["gelu 1", "gelu 2"]))
+    (tmp_path / "03_softmax.yaml").write_text("- softmax 1\n")
+    policy = ReplayPolicy(tmp_path, tokenizer)
+
+    def ask(task_id: str, episode_id: str):
+        return policy.generate(GenerationRequest(prompt_ids=[1], messages=[], tools=[], max_new_tokens=64,
+                                                 episode_id=episode_id, task_id=task_id))
+
+    assert (await ask("level1/01_gelu", "a")).text == "gelu 1"
+    assert (await ask("level1/01_gelu", "b")).text == "gelu 1", "a second episode starts at its own first turn"
+    assert (await ask("level1/01_gelu", "a")).text == "gelu 2"
+    assert (await ask("level1/03_softmax", "c")).text == "softmax 1", "found by the task's name alone"
+    with pytest.raises(ReplayExhausted, match="has 1 turns"):
+        await ask("level1/03_softmax", "c")
+    with pytest.raises(PolicyError, match="no script for task 'level2/07_x'"):
+        await ask("level2/07_x", "d")
