@@ -145,6 +145,7 @@ class EnvConfig:
     compile_workers: int = 2  # parallel compile processes per env worker
     compile_timeout_s: float = 300.0  # wall-clock limit of one compile
     run_timeout_s: float = 120.0  # wall-clock limit of one verify or profile run
+    warm_servers: int = 2  # candidate servers each worker's harness keeps started ahead of need (sandbox built, torch imported, CUDA context made), each used for one candidate only (env_pool/server_pool.py, read in env_pool/evaluate.py); 0: each evaluation starts its own (seconds slower); each costs a process's memory (and a CUDA context on a GPU)
     infra_retries: int = 2  # times env_pool/pool.py re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
     memory_limit_mb: int = 8192  # address-space limit of a candidate's process (host memory)
     warmup: int = 5  # untimed runs before timing

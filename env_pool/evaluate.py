@@ -221,7 +221,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
                "threads": int(cfg.threads), "cpus": servers, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
-               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb),
+               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "warm_servers": int(cfg.warm_servers),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
                "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}
@@ -253,6 +253,7 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     """The harness's verdict (trusted) as an EvalResult."""
     result.run_log = str(verdict.get("run_log", ""))[-4000:]
     result.code_samples = verdict.get("code_samples") or {}
+    result.warm_server = bool(verdict.get("warm_server"))
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
     if verdict.get("failure") and not result.violations:

@@ -45,24 +45,21 @@ from typing import Any
 import msgpack
 import torch
 
-from env_pool.code_sampler import EXTENSIONS, CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
+from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
 from env_pool.inputs import adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
 from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.sandbox import SandboxError, SandboxOutcome
+from env_pool.server_pool import Server, ServerPool, ServerSpec
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs
 from tasks.task import Task, build_problem
 
-# -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
-# msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
-SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
 MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
 NULL_ROUNDS = 5  # the null phase's rounds in verify mode (full mode times warmup + repetitions of them)
 STAGING_FLOOR = 0.25  # a net time under this fraction of the round's input and output copies is not a kernel's
-REPORT_BYTES = 64 << 10  # a server's report is a few lines of text; more is dropped (and fails a candidate)
 KEPT_OUTPUTS = 5  # checked outputs kept for the "does the output vary with the inputs" test
 OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
 
@@ -249,63 +246,36 @@ class ServerGone(Exception):
     """The server's process ended while the harness waited on it; its outcome says why."""
 
 
-@dataclass
-class ServerRun:
-    """A sandboxed server started in a thread, and its outcome once the thread ends."""
-
-    thread: threading.Thread
-    box: dict
-
-    @property
-    def outcome(self) -> SandboxOutcome | None:
-        return self.box.get("outcome")
-
-    def pids(self) -> set[int]:
-        """The run's processes (the shim and its descendants), as this process's PID namespace numbers them."""
-        import psutil
-
-        shim = self.box.get("shim")
-        try:
-            return {shim} | {p.pid for p in psutil.Process(shim).children(recursive=True)}
-        except (psutil.Error, ValueError, TypeError):
-            return set()
+def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
+    """The start settings of the request's server (candidates' servers are pooled by them)."""
+    p = rounds.payload
+    return ServerSpec(device=rounds.device, threads=int(p["threads"]), memory_mb=int(p["memory_mb"]),
+                      wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]),
+                      hidden=() if trusted else tuple(p["hidden"]),
+                      required=() if trusted else tuple(p.get("required_isolation", ())),
+                      cpus=tuple(int(c) for c in p.get("cpus", ())), trusted=trusted,
+                      inductor_dir=str(p["inductor_dir"]) if trusted else "", root=str(Path(p["scratch"]).parent))
 
 
-def start_server(rounds: Rounds, phases: list[str], cwd: Path, trusted: bool) -> ServerRun:
-    """The server's sandbox, in a thread (run_sandboxed blocks until the process is gone)."""
+def claim_server(rounds: Rounds, pool: ServerPool, cwd: Path, trusted: bool) -> Server:
+    """A server for this request: a waiting one with the candidate's files moved in, or the baselines' own."""
+    spec = server_spec(rounds, trusted)
+    if trusted:  # once per task: started here, in the private folder of the request
+        return Server(spec, cwd)
+    server = pool.take(spec, int(rounds.payload.get("warm_servers", 0)))
+    server.take_files(cwd)
+    return server
+
+
+def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -> None:
     p = rounds.payload
     payload = {"task": p["task"], "backend": rounds.backend, "threads": p["threads"], "phases": phases,
-               "control_fd": rounds.control.fd, "slots_fd": rounds.memory.fd, "layout": rounds.layout.to_dict(),
-               "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
+               "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
                "seccomp": bool(p.get("seccomp", True)), "watched": not trusted}
-    hidden = [] if trusted else [Path(h) for h in p["hidden"]]
-    limits = SandboxLimits(wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]), memory_mb=int(p["memory_mb"]),
-                           use_gpu=rounds.device == "cuda", max_result_bytes=REPORT_BYTES,
-                           hidden_paths=hidden, required_isolation=tuple(p.get("required_isolation", ())) if not trusted else (),
-                           # The baselines' server writes the shared inductor cache; it runs trusted code only.
-                           skip_isolation=("readonly-root",) if trusted else (), cpus=tuple(int(c) for c in p.get("cpus", ())))
-    env = {"OMP_NUM_THREADS": str(p["threads"]), "TORCH_EXTENSIONS_DIR": str(cwd / EXTENSIONS),
-           "TORCHINDUCTOR_CACHE_DIR": str(p["inductor_dir"] if trusted else cwd / ".inductor"),
-           # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
-           # baseline that compiles in seconds in-process.
-           "TORCHINDUCTOR_COMPILE_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
-    for word in (GO, READY, DONE):  # a fresh server: nothing an earlier one wrote counts (a planted GO included)
+    for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
         rounds.control.words[word] = 0
     rounds.control.set_message("")
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["outcome"] = run_sandboxed(SERVER, msgpack.packb(payload), cwd, limits, env,
-                                           pass_fds=(rounds.control.fd, rounds.memory.fd),
-                                           on_start=lambda pid: box.__setitem__("shim", pid))
-        except SandboxError as err:
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return ServerRun(thread, box)
+    server.give(payload, (rounds.control.fd, rounds.memory.fd))
 
 
 @functools.lru_cache(maxsize=None)
@@ -334,15 +304,31 @@ def open_sampler(payload: dict) -> CpuSampler | None:
                                     "without it (env.code_sampling=false turns it off, for comparisons only)") from err
 
 
-def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd: Path, trusted: bool) -> tuple[dict, dict]:
+def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list | int, bool]], cwd: Path,
+                 trusted: bool) -> tuple[dict, dict]:
     """Run a server through its phases; (PhaseRun per phase name, the server's report).
 
     A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
-    of its own kernel.so is taken here, before the server starts.
+    of its own kernel.so is taken here, before the server is given its run.
     """
     sampler = open_sampler(rounds.payload)
-    identity = CodeIdentity.for_scratch(cwd) if sampler is not None and not trusted else None
-    server = start_server(rounds, [name for name, _, _ in phases], cwd, trusted)
+    server = claim_server(rounds, pool, cwd, trusted)
+    identity = None
+    try:
+        identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
+        give_run(rounds, server, [name for name, _, _ in phases], trusted)
+        with pool.quiet(timed=rounds.payload["mode"] == "full" or trusted):
+            return _serve(rounds, server, phases, sampler, identity, trusted)
+    finally:
+        if sampler is not None:
+            sampler.close()
+        if identity is not None:
+            identity.close()
+        server.finish()
+
+
+def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, bool]], sampler: CpuSampler | None,
+           identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
     try:
@@ -365,14 +351,11 @@ def serve_phases(rounds: Rounds, phases: list[tuple[str, list | int, bool]], cwd
         server.thread.join()
         rounds.control.words[READY] = 0
         rounds.control.words[DONE] = 0
-        if sampler is not None:
-            sampler.close()
-        if identity is not None:
-            identity.close()
     if "error" in server.box:
         raise server.box["error"]
     report = _untrusted_report(server.outcome)
     report["output"] = server.outcome.output[-4000:]
+    report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True))) or failure
     if failure is None and not trusted and not report["readable"]:
         failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
@@ -463,7 +446,7 @@ def resolved(timing: Timing, staging_ns: list[int]) -> bool:
     return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
 
 
-def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
+def evaluate_rounds(rounds: Rounds, pool: ServerPool, payload: dict) -> dict:
     """The whole trusted side of one evaluation; a plain dict for the worker."""
     result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
     rounds.payload = payload
@@ -471,7 +454,7 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
     full = payload["mode"] == "full"
     if payload.get("baseline"):
         try:
-            runs, _ = serve_phases(rounds, [("null", warmup + reps, False), ("eager", warmup + reps, False),
+            runs, _ = serve_phases(rounds, pool, [("null", warmup + reps, False), ("eager", warmup + reps, False),
                                             ("compiled", warmup + reps, False)], Path(payload["reference_cwd"]), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
@@ -497,12 +480,13 @@ def evaluate_rounds(rounds: Rounds, payload: dict) -> dict:
     # the code sampler what serving the outputs costs in torch before the candidate's code loads.
     phases = [("null", warmup + reps if full else NULL_ROUNDS, False), ("candidate", candidate_rounds, True)]
     try:
-        runs, report = serve_phases(rounds, phases, Path(payload["scratch"]), trusted=False)
+        runs, report = serve_phases(rounds, pool, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:
         result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
     run = runs["candidate"]
     result["run_log"] = report["output"]
+    result["warm_server"] = report["warm_server"]
     result["checks"] = [c.__dict__ for c in run.checks]
     result["violations"] = report["violations"]
     if run.code is not None:  # the trusted sampler's verdict on which code did the work
@@ -551,10 +535,10 @@ class TaskCache:
         return rounds
 
 
-def handle(payload: dict, cache: TaskCache) -> dict:
+def handle(payload: dict, cache: TaskCache, pool: ServerPool) -> dict:
     """One request of the worker: a verdict, or an infra failure that names the harness's own fault."""
     try:
-        return evaluate_rounds(cache.get(payload), payload)
+        return evaluate_rounds(cache.get(payload), pool, payload)
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
@@ -564,8 +548,11 @@ def handle(payload: dict, cache: TaskCache) -> dict:
 def main() -> None:
     from env_pool.harness_process import serve_forever
 
-    cache = TaskCache()
-    serve_forever(lambda payload: handle(payload, cache))
+    cache, pool = TaskCache(), ServerPool()
+    try:
+        serve_forever(lambda payload: handle(payload, cache, pool))
+    finally:
+        pool.close()
 
 
 if __name__ == "__main__":

@@ -84,6 +84,7 @@ class EvalResult:
     compile_s: float = 0.0  # wall-clock seconds of the compile step (0 on a cache hit)
     cache_hit: bool = False
     wall_s: float = 0.0  # wall-clock seconds of the whole evaluation
+    warm_server: bool = False  # the candidate's server was started before this evaluation asked for one (env.warm_servers)
     code_samples: dict = field(default_factory=dict)  # where the candidate's CPU time went in its rounds: samples per category (env_pool/code_sampler.py)
 
     def __post_init__(self) -> None:

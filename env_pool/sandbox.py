@@ -56,9 +56,11 @@ import resource
 import signal
 import stat
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RESULT_FD_ENV = "CUDA_AGENT_RESULT_FD"
 
@@ -227,9 +229,64 @@ def child_exit(channel, result: bytes) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+class WarmStart:
+    """A run started ahead of its payload: give it to ``run_sandboxed`` in place of the bytes.
+
+    The run does everything before reading its stdin (the sandbox, the program's imports, a CUDA
+    context) and then waits. ``give`` moves its processes to their final CPUs, checks that every
+    thread of every process is there, and only then writes the payload; the run's wall-clock
+    limit counts from that moment. ``cancel`` ends a run that was never given one. ``pause``
+    and ``resume`` stop and continue a run that has not been given its payload (its processes
+    run only trusted code until then), so its start-up does not disturb a timed run on shared
+    CPUs.
+    """
+
+    def __init__(self) -> None:
+        self._given = threading.Event()
+        self.payload = b""
+        self.cpus: tuple[int, ...] = ()
+        self.given_at: float | None = None
+        self.cancelled = False
+        self.members: Any = None  # set by run_sandboxed: the run's pids right now
+        self.move_cpus: Any = None  # set by run_sandboxed: moves the run to given CPUs, True when it is all there
+
+    def give(self, payload: bytes, cpus: tuple[int, ...] = ()) -> None:
+        self.payload, self.cpus = payload, tuple(cpus)
+        self.given_at = time.monotonic()
+        self.resume()
+        self._given.set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.resume()
+        self._given.set()
+
+    @property
+    def given(self) -> bool:
+        return self._given.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._given.wait(timeout)
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.members is None or (self.given and sig == signal.SIGSTOP):
+            return
+        for pid in self.members():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
 def run_sandboxed(
     argv: list[str],
-    payload: bytes,
+    payload: bytes | WarmStart,
     scratch: Path,
     limits: SandboxLimits,
     env: dict[str, str] | None = None,
@@ -248,13 +305,14 @@ def run_sandboxed(
     ``pass_fds`` are inherited by the child under the same numbers (shared memory of the round
     protocol, env_pool/rounds.py); the caller keeps and closes its own copies. ``on_start`` is
     called with the shim's pid once it runs (the run's processes are its descendants: the
-    harness's code sampler, env_pool/code_sampler.py, attributes their samples).
+    harness's code sampler, env_pool/code_sampler.py, attributes their samples). A ``WarmStart``
+    as the payload starts the run now and feeds it later (see WarmStart).
     """
     import subprocess
-    import threading
 
     import psutil
 
+    warm = payload if isinstance(payload, WarmStart) else None
     if not argv:
         raise ValueError("argv must not be empty")
     scratch = Path(scratch).resolve()
@@ -354,15 +412,30 @@ def run_sandboxed(
                             status.setdefault("isolation", []).extend(value)
                         else:
                             status[key] = value
+                if "isolation" in msg:
+                    set_up.set()
 
-        threads = [
-            threading.Thread(target=_feed, args=(in_w, payload), daemon=True),
-            threading.Thread(target=_drain, args=(out_r, output.add), daemon=True),
-            threading.Thread(target=_drain, args=(res_r, result.add), daemon=True),
-            threading.Thread(target=_drain, args=(st_r, on_status), daemon=True),
-        ]
-        for t in threads:
-            t.start()
+        moved: list[bool] = []
+        set_up = threading.Event()  # the shim has built the sandbox (or is gone): its CPUs may move now
+
+        def status_reader() -> None:
+            try:
+                _drain(st_r, on_status)
+            finally:
+                set_up.set()
+
+        def feed() -> None:
+            if warm is not None:
+                warm.wait()
+                set_up.wait()  # moved earlier, the shim's own pinning to its first CPUs would fail
+                try:
+                    placed = warm.cancelled or not warm.cpus or _record(moved, warm.move_cpus(warm.cpus))
+                except Exception:  # noqa: BLE001  (the run must not be fed; the error is the verdict)
+                    placed = _record(moved, False)
+                if warm.cancelled or not placed:
+                    os.close(in_w)  # never fed: the run is killed below
+                    return
+            _feed(in_w, warm.payload if warm is not None else payload)
 
         # ---- Watchdog: tree membership and resident memory, every poll_s.
         oom = threading.Event()
@@ -380,8 +453,28 @@ def run_sandboxed(
             pids.update(cgroups.pids() or ())
             return pids
 
+        def move_cpus(cpus: tuple[int, ...]) -> bool:
+            cgroups.set_cpus(cpus)  # first: a thread's affinity cannot leave its cpuset
+            return _move_threads(members() | {pid}, set(cpus))
+
+        if warm is not None:
+            warm.members = lambda: members() | {pid}
+            warm.move_cpus = move_cpus
+
+        threads = [
+            threading.Thread(target=feed, daemon=True),
+            threading.Thread(target=_drain, args=(out_r, output.add), daemon=True),
+            threading.Thread(target=_drain, args=(res_r, result.add), daemon=True),
+            threading.Thread(target=status_reader, daemon=True),
+        ]
+        for t in threads:
+            t.start()
+
         def watchdog() -> None:
             while not stop.is_set():
+                if warm is not None and not warm.given:  # trusted start-up: nothing to watch yet
+                    stop.wait(limits.poll_s)
+                    continue
                 with status_lock:
                     ours = {pid, status.get("init")}
                 rss = 0
@@ -411,6 +504,14 @@ def run_sandboxed(
         # ---- Wait for the shim (it exits right after the child and its namespace are gone).
         waiter = _ExitWaiter(pid)
         timed_out = False
+        if warm is not None:  # the wall clock starts when the payload is given
+            while not warm.given and not waiter.wait(limits.poll_s):
+                pass
+            if not warm.given:  # it ended during its start-up: release the feeder
+                warm.cancel()
+            if warm.cancelled or (warm.given and warm.cpus and not _wait_for(moved, waiter)):
+                kill_tree()
+            t0 = warm.given_at or time.monotonic()
         if not waiter.wait(limits.wall_s - (time.monotonic() - t0)):
             timed_out = True
             kill_tree()
@@ -446,6 +547,8 @@ def run_sandboxed(
         raise
 
     # ---- Classify.
+    if warm is not None and warm.given and not warm.cancelled and warm.cpus and moved != [True]:
+        raise SandboxError(f"could not move the run to CPUs {list(warm.cpus)}: a thread stayed elsewhere")
     with status_lock:
         st = dict(status)
     if "exec_error" in st:
@@ -547,6 +650,45 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"SIG{num}"
+
+
+def _record(box: list[bool], value: bool) -> bool:
+    box.append(value)
+    return value
+
+
+def _wait_for(box: list[bool], waiter: "_ExitWaiter") -> bool:
+    """The feeder's verdict on the CPU move (it comes within moments of ``give``)."""
+    while not box and not waiter.wait(0.01):
+        pass
+    return box == [True]
+
+
+def _move_threads(pids: set[int], cpus: set[int]) -> bool:
+    """Set the affinity of every thread of ``pids`` to ``cpus``; True when each one reads back exactly that.
+
+    Twice over: a thread started during the first pass by a thread not yet moved inherits the old set.
+    """
+    for _ in range(3):
+        threads = [int(t) for p in pids for t in _list_dir(f"/proc/{p}/task")]
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+        try:
+            if threads and all(os.sched_getaffinity(t) == cpus for t in threads):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _list_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _feed(fd: int, payload: bytes) -> None:
@@ -749,6 +891,19 @@ class _Cgroups:
 
     def has(self, label: str) -> bool:
         return any(label in lab.split(",") for _, lab in self.dirs)
+
+    def set_cpus(self, cpus: tuple[int, ...]) -> bool:
+        """Move the cpuset to ``cpus`` (the kernel moves every member with it); False without one."""
+        text = ",".join(str(c) for c in sorted(set(cpus)))
+        done = False
+        for d, lab in self.dirs:
+            if "cgroup-cpuset" in lab.split(","):
+                try:
+                    (d / "cpuset.cpus").write_text(text)
+                    done = True
+                except OSError:
+                    pass
+        return done
 
     def join_list(self) -> list[list[str]]:
         return [[str(d / "cgroup.procs"), lab] for d, lab in self.dirs]

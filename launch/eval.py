@@ -424,7 +424,7 @@ async def _score_solutions(sweep: Sweep, env: RayEnvClient, todo: list[tuple[Tas
 async def evaluate_retrying(env: RayEnvClient, task: Task, files: dict[str, str], retries: int) -> EvalResult:
     """A full evaluation, tried again while it fails for the environment's own reasons (infra: a
     baseline that timed implausibly on a loaded machine, a worker that died). The worker retries
-    once itself; a sweep, which has no later chance, tries ``retries`` more times."""
+    env.infra_retries times itself; a sweep, which has no later chance, tries ``retries`` more times."""
     result = await env.evaluate(task, files, "full")
     for _ in range(retries):
         if result.failure != "infra":

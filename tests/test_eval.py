@@ -28,7 +28,8 @@ STARTER = REPO / "tasks" / "starter" / "level1"
 PROBLEMS = ["01_gelu", "03_softmax", "02_swish"]
 
 # The sweep fixture runs the command two to four times (kill, resume, infra retries), each with a
-# fresh Ray cluster and fresh baselines: about 10 minutes on 2 busy cores, beyond the suite's 900 s.
+# fresh Ray cluster and fresh baselines: about 10 minutes on 2 busy cores, beyond the suite's 900 s
+# (its tests are slow: make test-slow).
 pytestmark = pytest.mark.timeout(2400)
 
 
@@ -89,6 +90,7 @@ def sweep(tmp_path_factory, tiny_model_dir):
     return {"out": out, "killed": killed, "stdout": second.stdout, "args": args, "root": root}
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_without_redoing_or_duplicating_episodes(sweep):
     records = lines(sweep["out"] / "results.jsonl")
     ids = [r["episode_id"] for r in records if r["failure"] != "infra"]  # an infra record is superseded by its retry
@@ -96,6 +98,7 @@ def test_a_killed_sweep_resumes_without_redoing_or_duplicating_episodes(sweep):
     assert records[: len(sweep["killed"])] == sweep["killed"], "the rerun must keep what the killed run wrote"
 
 
+@pytest.mark.slow
 def test_each_episode_is_judged_by_the_real_environment(sweep):
     by_task = {r["task_id"]: r for r in lines(sweep["out"] / "results.jsonl")}  # the last record of each wins
     assert by_task["01_gelu"]["milestone"] >= 1, by_task["01_gelu"]["message"]
@@ -106,6 +109,7 @@ def test_each_episode_is_judged_by_the_real_environment(sweep):
     assert (gelu / "kernel.cpp").read_text() == (CORPUS / "legit" / "gelu_omp" / "kernel.cpp").read_text()
 
 
+@pytest.mark.slow
 def test_the_audit_catches_the_softmax_that_overflows_on_large_inputs(sweep):
     audits = {a["task_id"]: a for a in lines(sweep["out"] / "audit.jsonl")}  # the last record of each wins
     assert set(audits) == {"01_gelu", "03_softmax"}, "every correct solution is audited (audit_min_milestone=1)"
@@ -115,6 +119,7 @@ def test_the_audit_catches_the_softmax_that_overflows_on_large_inputs(sweep):
     assert gelu["settings"] == {"correctness_inputs": 8, "adversarial_inputs": True}
 
 
+@pytest.mark.slow
 def test_the_report_states_the_sweeps_numbers_and_the_papers(sweep):
     out = sweep["out"]
     md = (out / "report.md").read_text()
@@ -138,6 +143,7 @@ def test_the_report_states_the_sweeps_numbers_and_the_papers(sweep):
     assert "pass rate" in sweep["stdout"] and "report.html" in sweep["stdout"]
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_sweep_runs_nothing_and_another_policy_is_refused(sweep, tiny_model_dir):
     out = sweep["out"]
     before = (out / "results.jsonl").read_text()

@@ -713,3 +713,94 @@ def test_visible_paths_are_all_the_child_sees(tmp_path, outside_tmp):
     assert root <= {".", "..", "usr", "bin", "lib", "lib64", "etc", "var", "tmp", "dev", "proc"}, root
     assert (tmp_path / "scratch.txt").read_text() == "scratch\n"
     assert not (real / "bin" / "x").exists()
+
+
+# ---- a run started ahead of its payload (WarmStart: env_pool/server_pool.py's warm servers) -----------
+
+
+def start_warm(code: str, scratch: Path, **limits) -> tuple[sandbox.WarmStart, dict, threading.Thread]:
+    warm, box = sandbox.WarmStart(), {}
+    limits.setdefault("wall_s", 20.0)
+    thread = threading.Thread(target=lambda: box.setdefault("out", run_sandboxed(
+        [sys.executable, "-c", textwrap.dedent(code)], warm, scratch, SandboxLimits(**limits), env=ENV)))
+    thread.start()
+    return warm, box, thread
+
+
+def wait_for_members(warm: sandbox.WarmStart, count: int = 3) -> set[int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        members = warm.members() if warm.members else set()
+        if len(members) >= count:
+            return members
+        time.sleep(0.05)
+    raise AssertionError("the warm run did not start")
+
+
+def test_a_warm_run_waits_for_its_payload_and_its_wall_clock_starts_when_given(tmp_path):
+    warm, box, thread = start_warm("""
+        import sys, time
+        data = sys.stdin.buffer.read()
+        print("got", data.decode())
+        if data == b"sleep":
+            time.sleep(60)
+        """, tmp_path, wall_s=2.0)
+    wait_for_members(warm)
+    time.sleep(3.0)  # longer than its wall limit: waiting is not running
+    warm.give(b"hello")
+    thread.join(30)
+    out = box["out"]
+    assert out.failure is None and "got hello" in out.output, out.output
+    assert out.wall_s < 2.0, f"the wall clock ran before the payload was given: {out.wall_s}"
+
+    warm, box, thread = start_warm("import sys, time\nif sys.stdin.buffer.read() == b'sleep': time.sleep(60)\n",
+                                   tmp_path / "b", wall_s=2.0)
+    warm.give(b"sleep")
+    thread.join(30)
+    assert box["out"].timed_out and 2.0 <= box["out"].wall_s < 10, box["out"]
+
+
+def test_a_cancelled_warm_run_ends_without_being_fed(tmp_path):
+    warm, box, thread = start_warm("import sys\nprint('fed', len(sys.stdin.buffer.read()))\n", tmp_path)
+    wait_for_members(warm)
+    begin = time.monotonic()
+    warm.cancel()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - begin < 10
+    assert "fed 0" in box["out"].output or box["out"].signal_name == "SIGKILL", box["out"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to move a run between them")
+def test_given_a_warm_run_moves_every_thread_to_its_cpus_before_it_reads_the_payload(tmp_path):
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    warm, box, thread = start_warm("""
+        import os, sys, threading, time
+        started = threading.Event()
+        def idle():  # a thread started during the start-up, on the start-up's CPUs
+            started.set()
+            time.sleep(30)
+        threading.Thread(target=idle, daemon=True).start()
+        started.wait()
+        print("before", sorted(os.sched_getaffinity(0)))
+        sys.stdin.buffer.read()
+        tasks = sorted(os.listdir("/proc/self/task"))
+        print("after", sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in tasks}), len(tasks))
+        """, tmp_path, cpus=(first,))
+    wait_for_members(warm)
+    time.sleep(1.0)
+    warm.give(b"go", cpus=(second,))
+    thread.join(30)
+    out = box["out"]
+    assert out.failure is None, out.output
+    assert f"before [{first}]" in out.output and f"after [({second},)] 2" in out.output, out.output
+
+
+def test_a_paused_warm_run_is_stopped_until_resumed_or_given(tmp_path):
+    warm, box, thread = start_warm("import sys\nsys.stdin.buffer.read()\nprint('ran')\n", tmp_path)
+    members = wait_for_members(warm)
+    warm.pause()
+    time.sleep(0.2)
+    assert all(psutil.Process(p).status() == psutil.STATUS_STOPPED for p in members if psutil.pid_exists(p))
+    warm.give(b"x")  # a given run is resumed first
+    thread.join(30)
+    assert box["out"].failure is None and "ran" in box["out"].output, box["out"].output

@@ -1,0 +1,189 @@
+"""Model servers started ahead of need: sandboxed, torch imported, CUDA context made, waiting.
+
+TRUSTED SIDE: this runs in the harness (env_pool/harness.py). A server (env_pool/serve.py)
+started here runs only trusted code until it is given its run: the sandbox, torch's import,
+a CUDA context and the fallback detector's first use (serve.warm_up), then it blocks reading
+its stdin. Each server is given exactly one run and is discarded after it, so nothing one
+candidate did can reach another; only the start-up is shared, never a process.
+
+Giving a server its run (``Server.give``), in this order:
+- the candidate's files are moved into the server's own folder (its cwd and only writable
+  folder, fixed when the sandbox was built); the sealed libraries keep their inodes;
+- the round memory's file descriptors go over a socket (SCM_RIGHTS): they exist per task;
+- the server's processes are moved from the harness's CPUs, where the start-up ran, to the
+  servers' sampled CPUs, every thread checked (sandbox.WarmStart), and only then is its payload
+  written: its wall-clock limit runs from there.
+
+The pool keeps ``env.warm_servers`` servers per start settings (ServerSpec); a request whose
+settings differ discards them and starts its own. Where the harness has few CPUs of its own,
+the waiting servers are paused (SIGSTOP) while timed rounds run, so their start-up does not
+disturb the harness's clock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from env_pool.code_sampler import EXTENSIONS
+from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, WarmStart, run_sandboxed
+from env_pool.serve import DEVICE_ENV, FD_SOCKET_ENV
+
+# -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
+# msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
+SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
+REPORT_BYTES = 64 << 10  # a server's report is a few lines of text; more is dropped (and fails a candidate)
+CONTENDED_CPUS = 2  # a harness with this many CPUs or fewer pauses waiting servers during timed rounds
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What a server is started with (everything but its run): servers are pooled per spec."""
+
+    device: str  # cpu or cuda
+    threads: int
+    wall_s: float  # the run's limit, from the moment it is given
+    memory_mb: int
+    hidden: tuple[str, ...]  # paths the server must not see
+    required: tuple[str, ...]  # isolation it must have (sandbox.UNTRUSTED_ISOLATION, cpu-affinity)
+    cpus: tuple[int, ...]  # the servers' CPUs, where it runs once given (empty: anywhere)
+    trusted: bool  # serves the baselines: writes the shared inductor cache, no read-only root
+    inductor_dir: str  # a trusted server's shared inductor cache ("" for candidates: their own folder's)
+    root: str  # the folder that holds each server's own working folder
+
+
+class Server:
+    """One sandboxed server: started now, given one run later (or discarded)."""
+
+    def __init__(self, spec: ServerSpec, cwd: Path | None = None):
+        self.spec = spec
+        self.cwd = cwd or Path(spec.root) / f"server-{uuid.uuid4().hex}"
+        self.own_cwd = cwd is None  # a folder of its own: removed with it
+        self.warm = False  # taken from the pool's waiting servers (not started for the request that got it)
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.start = WarmStart()
+        self.box: dict = {}
+        self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.thread = threading.Thread(target=self._run, args=(theirs,), daemon=True)
+        self.thread.start()
+
+    def _run(self, theirs: socket.socket) -> None:
+        spec = self.spec
+        limits = SandboxLimits(wall_s=spec.wall_s, memory_mb=spec.memory_mb, use_gpu=spec.device == "cuda",
+                               max_result_bytes=REPORT_BYTES, hidden_paths=[Path(h) for h in spec.hidden],
+                               required_isolation=spec.required,
+                               # The baselines' server writes the shared inductor cache; it runs trusted code only.
+                               skip_isolation=("readonly-root",) if spec.trusted else (),
+                               # Start-up runs on the harness's CPUs; give() moves it to the servers'.
+                               cpus=tuple(sorted(os.sched_getaffinity(0))) if spec.cpus else ())
+        env = {"OMP_NUM_THREADS": str(spec.threads), "TORCH_EXTENSIONS_DIR": str(self.cwd / EXTENSIONS),
+               "TORCHINDUCTOR_CACHE_DIR": spec.inductor_dir or str(self.cwd / ".inductor"),
+               # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
+               # baseline that compiles in seconds in-process.
+               "TORCHINDUCTOR_COMPILE_THREADS": "1", DEVICE_ENV: spec.device,
+               FD_SOCKET_ENV: str(theirs.fileno()), "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
+        try:
+            self.box["outcome"] = run_sandboxed(SERVER, self.start, self.cwd, limits, env, pass_fds=(theirs.fileno(),),
+                                                on_start=lambda pid: self.box.__setitem__("shim", pid))
+        except SandboxError as err:
+            self.box["error"] = err
+        finally:
+            theirs.close()
+
+    @property
+    def waiting(self) -> bool:
+        """Started, alive, and not yet given a run."""
+        return self.thread.is_alive() and not self.start.given
+
+    @property
+    def outcome(self) -> SandboxOutcome | None:
+        return self.box.get("outcome")
+
+    def take_files(self, scratch: Path) -> None:
+        """Move the candidate's files (sources, its sealed kernel.so, its load_inline build) into this server's folder."""
+        if scratch.resolve() == self.cwd.resolve():
+            return
+        for entry in scratch.iterdir():
+            if entry.name == "tmp":  # the sandbox's own per-run folder: this server has its own
+                continue
+            target = self.cwd / entry.name
+            if target.is_dir() and not target.is_symlink():  # made by the server's start-up (a cache folder)
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            os.rename(entry, target)
+
+    def give(self, payload: dict, fds: tuple[int, int]) -> None:
+        """The run: the round memory's descriptors, then the payload (and the move to the servers' CPUs)."""
+        socket.send_fds(self.ours, [b"fds"], list(fds))
+        self.start.give(msgpack.packb(payload), self.spec.cpus)
+
+    def pids(self) -> set[int]:
+        """The run's processes (the shim and its descendants), as this process's PID namespace numbers them."""
+        import psutil
+
+        shim = self.box.get("shim")
+        try:
+            return {shim} | {p.pid for p in psutil.Process(shim).children(recursive=True)}
+        except (psutil.Error, ValueError, TypeError):
+            return set()
+
+    def finish(self) -> None:
+        """After its run, or instead of one: the process gone, its folder removed."""
+        self.start.cancel()  # a no-op for a server that was given its run
+        self.thread.join()
+        self.ours.close()
+        if self.own_cwd:
+            shutil.rmtree(self.cwd, ignore_errors=True)
+
+
+class ServerPool:
+    """Waiting servers of one spec, refilled as they are taken."""
+
+    def __init__(self) -> None:
+        self.spec: ServerSpec | None = None
+        self.waiting: list[Server] = []
+
+    def take(self, spec: ServerSpec, keep: int) -> Server:
+        """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep``."""
+        if spec != self.spec:
+            self.close()
+            self.spec = spec
+        server = None
+        while self.waiting and server is None:
+            candidate = self.waiting.pop(0)
+            if candidate.waiting:
+                server, server.warm = candidate, True
+            else:  # it died while waiting (its start-up failed): not for a run
+                candidate.finish()
+        server = server or Server(spec)
+        while len(self.waiting) < keep:
+            self.waiting.append(Server(spec))
+        return server
+
+    @contextlib.contextmanager
+    def quiet(self, timed: bool):
+        """Timed rounds on a harness with few CPUs: the waiting servers stopped meanwhile."""
+        pause = timed and len(os.sched_getaffinity(0)) <= CONTENDED_CPUS
+        if pause:
+            for s in self.waiting:
+                s.start.pause()
+        try:
+            yield
+        finally:
+            if pause:
+                for s in self.waiting:
+                    s.start.resume()
+
+    def close(self) -> None:
+        for s in self.waiting:
+            s.finish()
+        self.waiting = []

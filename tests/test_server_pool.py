@@ -1,0 +1,71 @@
+"""env_pool.server_pool: candidates' servers started ahead of need, each used for one candidate only.
+
+Real evaluations on the cpp backend: a worker with warm servers gives its second evaluation a
+server that was started before it was asked for, and nothing the first candidate left behind
+(files, environment, patched modules, threads) is there for the second.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from env_pool.pool import EnvPool
+from tasks.loader import load_tasks
+from tests.corpus_cases import files_of
+
+CORPUS = Path(__file__).parent / "env_corpus"
+
+LEAVE = '''
+import os, threading, time
+import torch
+os.environ["LEFT_BY_FIRST"] = "1"
+torch.left_by_first = True
+threading.Thread(target=time.sleep, args=(3600,), name="left_by_first", daemon=True).start()
+open("left_by_first", "w").write("x")
+try:
+    open("/tmp/left_by_first", "w").write("x")  # the filesystem guard flags it (the first fails): it is written all the same
+except OSError:
+    pass
+'''
+
+FIND = '''
+import os, threading
+import torch
+_found = [what for what, there in (
+    ("environment", "LEFT_BY_FIRST" in os.environ), ("module", hasattr(torch, "left_by_first")),
+    ("tmp", os.path.exists("/tmp/left_by_first")), ("cwd", os.path.exists("left_by_first")),
+    ("thread", any(t.name == "left_by_first" for t in threading.enumerate()))) if there]
+if _found:
+    raise RuntimeError(f"found what the first candidate left: {_found}")
+'''
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    return {t.id: t for t in load_tasks()[0]}["level1/01_gelu"]
+
+
+def with_prelude(prelude: str) -> dict[str, str]:
+    files = files_of(CORPUS / "legit" / "gelu_omp")
+    files["model_new.py"] = prelude + files["model_new.py"]
+    return files
+
+
+def test_each_server_serves_one_candidate_and_the_next_one_was_started_ahead(tmp_path, gelu):
+    pool = EnvPool({"work_dir": str(tmp_path), "warm_servers": 1})
+    first = asyncio.run(pool.evaluate(gelu, with_prelude(LEAVE), "verify"))
+    assert first.failure in (None, "guard"), f"{first.failure}: {first.message}\n{first.run_log[-2000:]}"
+    second = asyncio.run(pool.evaluate(gelu, with_prelude(FIND), "verify"))
+    assert second.failure is None, f"{second.failure}: {second.message}\n{second.run_log[-2000:]}"
+    assert not first.warm_server and second.warm_server, "the first server starts on demand, the second waited warm"
+    scratch = tmp_path / "scratch"
+    assert len(list(scratch.glob("server-*"))) == 1, "only the waiting server's folder is left"
+
+
+def test_without_warm_servers_every_evaluation_starts_its_own(tmp_path, gelu):
+    pool = EnvPool({"work_dir": str(tmp_path), "warm_servers": 0})
+    results = [asyncio.run(pool.evaluate(gelu, files_of(CORPUS / "legit" / "gelu_omp"), "verify")) for _ in range(2)]
+    assert [(r.failure, r.warm_server) for r in results] == [(None, False), (None, False)], [r.message for r in results]
+    assert not list((tmp_path / "scratch").glob("server-*")), "no server waits, no folder is left"
