@@ -34,7 +34,7 @@ import ray
 from rollout.trajectory import Trajectory
 
 STALE_POLICIES = ("drop", "downweight")
-PUT_RESULTS = ("accepted", "duplicate", "dropped_stale")  # what a put answers
+PUT_RESULTS = ("accepted", "duplicate", "dropped_stale", "dropped_unjudged")  # what a put answers
 
 
 class BufferClosed(RuntimeError):
@@ -54,6 +54,7 @@ class TrajectoryMeta:
     reward: float
     milestone: int
     stop_reason: str = "submit"
+    judged: bool = True  # Trajectory.judged: False when the environment failed to judge it (never trained on)
 
     @classmethod
     def of(cls, trajectory: Trajectory, version: int | None = None) -> "TrajectoryMeta":
@@ -62,7 +63,8 @@ class TrajectoryMeta:
         if not versions:
             raise ValueError(f"trajectory {trajectory.episode_id} has no turns, so no policy version: pass version=")
         return cls(trajectory.episode_id, trajectory.task_id, min(versions), max(versions), trajectory.num_tokens,
-                   trajectory.num_generated, trajectory.reward, trajectory.milestone, trajectory.stop_reason)
+                   trajectory.num_generated, trajectory.reward, trajectory.milestone, trajectory.stop_reason,
+                   trajectory.judged)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +109,7 @@ class BufferStats:
     put: int = 0  # episodes accepted (each episode_id once)
     duplicates: int = 0  # puts of an episode_id already accepted (reruns), not counted
     dropped_stale: int = 0  # accepted, then dropped for staleness (on arrival or while waiting)
+    dropped_unjudged: int = 0  # not kept: the environment failed to judge them (an infra error), so their reward is no signal
     lost: int = 0  # accepted, then forgotten because the trajectory died with its generator (rerun)
     downweighted: int = 0  # served stale with a weight below 1
     served: int = 0  # episodes handed to the learner
@@ -177,6 +180,10 @@ class TrajectoryQueue:
             return "duplicate"
         # Claimed before waiting, so a rerun that arrives while the first put waits is a duplicate too.
         self._accepted.add(meta.episode_id)
+        if not meta.judged:  # a reward of -1 for the environment's own failure would punish the policy for it
+            self._stats.put += 1
+            self._stats.dropped_unjudged += 1
+            return "dropped_unjudged"
         try:
             async with self._changed:
                 if len(self._items) >= self.capacity:

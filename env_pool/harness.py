@@ -463,8 +463,9 @@ def evaluate_rounds(rounds: Rounds, pool: ServerPool, payload: dict) -> dict:
         for name in ("eager", "compiled"):
             timing = net_timing(runs[name].samples_ns[warmup:], null)
             if not resolved(timing, runs[name].staging_ns[warmup:]):  # never cached: it would decide every reward
-                result.update(failure="infra", message=f"the {name} baseline ({timing.median_ms * 1e3:.1f} us) was within "
-                                                       "the timing protocol's own noise; retried")
+                result.update(failure="infra", untimeable=True,
+                              message=f"the {name} baseline ({timing.median_ms * 1e3:.1f} us) was within "
+                                      "the timing protocol's own noise; retried")
                 return result
             result[name] = timing.__dict__
     if payload.get("seccomp", True) and not seccomp_works():

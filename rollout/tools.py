@@ -186,8 +186,9 @@ class ToolBox:
 
     async def _evaluate(self, tool: str) -> ToolResult:
         result = await self.env.evaluate(self.task, self.workspace.solution_files(), MODES[tool])
-        # A compile-only evaluation checks nothing, so it reaches no milestone and earns no reward.
-        reward = None if tool == "compile" else result.reward
+        # A compile-only evaluation checks nothing, so it reaches no milestone and earns no reward; nor
+        # does one the environment failed to run (infra): that says nothing of the agent's kernel.
+        reward = None if tool == "compile" or result.failure == "infra" else result.reward
         return ToolResult(format_eval(result, tool, self.workspace.kernel_source), True,
                           _eval_summary(result, tool), eval=result, reward=reward)
 

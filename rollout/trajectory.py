@@ -105,6 +105,12 @@ class Trajectory:
     wall_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)  # sampling settings, backend, seed, ...
 
+    @property
+    def judged(self) -> bool:
+        """Whether the environment judged the outcome: False after an infrastructure error, or a final
+        evaluation that failed for the environment's own reason (infra). Its reward says nothing of the policy."""
+        return self.stop_reason != "error" and (self.final_eval or {}).get("failure") != "infra"
+
     def __post_init__(self) -> None:
         self.segments = [s if isinstance(s, Segment) else Segment(**s) for s in self.segments]
         self.turns = [t if isinstance(t, Turn) else Turn(**t) for t in self.turns]

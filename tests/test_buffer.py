@@ -114,6 +114,24 @@ def test_stale_trajectories_are_dropped_on_arrival_and_while_waiting_under_the_d
     run(scenario())
 
 
+def test_trajectories_the_environment_failed_to_judge_are_never_trained_on():
+    infra = trajectory("infra", reward=-1.0, milestone=0)
+    infra.final_eval = {"failure": "infra", "message": "the baselines measured implausibly"}
+    errored = trajectory("errored", reward=-1.0, milestone=0)
+    errored.stop_reason, errored.error = "error", "the env worker died"
+    wrong = trajectory("wrong", reward=-1.0, milestone=0)
+    wrong.final_eval = {"failure": "wrong", "message": "wrong on round 0"}
+    assert (infra.judged, errored.judged, wrong.judged) == (False, False, True)
+
+    async def scenario():
+        q = TrajectoryQueue(capacity=1, max_staleness=4, stale_policy="drop")
+        answers = [await q.put(TrajectoryMeta.of(t), t.episode_id) for t in (infra, errored, wrong)]
+        assert answers == ["dropped_unjudged", "dropped_unjudged", "accepted"], "the unjudged must not even wait for room"
+        batch = await q.get_batch(max_episodes=8, timeout_s=0)
+        assert batch.refs == ["wrong"] and q.stats().dropped_unjudged == 2
+    run(scenario())
+
+
 def test_stale_trajectories_are_served_with_geometrically_smaller_weights_under_downweight():
     async def scenario():
         q = TrajectoryQueue(capacity=8, max_staleness=0, stale_policy="downweight", stale_weight=0.5, version=3)

@@ -19,3 +19,47 @@ def test_infra_failures_are_retried_with_a_growing_pause_and_counted_once(tmp_pa
         assert result.failure == "infra" and "harness failed" in result.message, result.message
         assert (pool.stats.retried, pool.stats.infra_failures, pool.stats.evaluated) == (retries, 1, 1)
         assert time.monotonic() - begin >= pauses
+
+
+TOO_FAST = '''"""The first element of a large vector: the reference takes microseconds, the harness's copy of its input milliseconds."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x[:1].clone()
+
+
+def get_inputs():
+    return [torch.randn(4_000_000)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+FIRST_KERNEL = {
+    "kernel.cpp": 'extern "C" void first(const float* x, float* y) { y[0] = x[0]; }\n',
+    "model_new.py": (
+        "import ctypes, os\nimport torch\nimport torch.nn as nn\n\n"
+        "_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'kernel.so'))\n"
+        "_lib.first.argtypes = [ctypes.c_void_p, ctypes.c_void_p]\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        y = torch.empty(1)\n"
+        "        _lib.first(x.data_ptr(), y.data_ptr())\n"
+        "        return y\n"),
+}
+
+
+def test_a_task_too_fast_to_time_is_verified_only_after_three_baselines_in_vain(tmp_path):
+    task = Task(id="tiny/first_element", level=1, source=TOO_FAST)
+    pool = EnvPool({"work_dir": str(tmp_path), "infra_retries": 2, "repetitions": 5, "warmup": 1})
+    first = asyncio.run(pool.evaluate(task, FIRST_KERNEL, "full"))
+    assert first.failure is None and int(first.milestone) == 1, f"{first.failure}: {first.message}"
+    assert first.message.startswith("speed not judged") and "within the timing protocol's own noise" in first.message
+    assert first.candidate is None and pool.stats.retried == 2, "two retries measured the baselines again, then no more"
+    again = asyncio.run(pool.evaluate(task, FIRST_KERNEL, "full"))
+    assert (again.failure, int(again.milestone), pool.stats.retried) == (None, 1, 2), again.message
+    assert again.message.startswith("speed not judged") and ("tiny/first_element", "cpp") not in pool.ctx.baselines

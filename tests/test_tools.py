@@ -23,6 +23,7 @@ from rollout.skill import skill_text
 from rollout.tools import ToolBox, format_tool_prompt, truncate
 from rollout.trajectory import ToolCall
 from tasks.loader import load_task_file, load_tasks
+from tasks.task import Task
 
 LEGIT = Path(__file__).parent / "env_corpus" / "legit"
 SETTINGS = {"repetitions": 5, "warmup": 1, "run_timeout_s": 60.0, "memory_limit_mb": 4096, "compile_timeout_s": 120.0}
@@ -184,6 +185,16 @@ def test_known_good_kernel_verifies_correct_through_the_tools(tmp_path, tasks, p
     assert result.eval.milestone == Milestone.CORRECT and result.reward == 1.0, result.text
     assert result.text.startswith("verify: CORRECT") and "5/5 input sets passed" in result.text
     assert result.summary == "CORRECT"
+
+
+def test_an_evaluation_the_environment_failed_to_run_earns_no_reward(tmp_path):
+    # A task without a Model fails in the trusted harness: the environment's fault (infra), not the kernel's.
+    broken = Task(id="broken/no_model", level=1, source="x = 1\n")
+    env = EnvPool({**SETTINGS, "work_dir": str(tmp_path / "env"), "backend": "cpp", "infra_retries": 0})
+    box = toolbox(tmp_path, broken, LocalEnvClient(env))
+    assert run(box, "write_file", path="model_new.py", content="class ModelNew:\n    pass\n").valid
+    result = run(box, "verify")
+    assert result.eval.failure == "infra" and result.reward is None, (result.eval.failure, result.reward, result.text)
 
 
 def test_skill_worked_example_passes_in_the_cpp_environment(tmp_path, pool):
