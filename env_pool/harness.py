@@ -312,9 +312,9 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
     of its own kernel.so is taken here, before the server is given its run.
     """
     sampler = open_sampler(rounds.payload)
-    server = claim_server(rounds, pool, cwd, trusted)
-    identity = None
+    server = identity = None
     try:
+        server = claim_server(rounds, pool, cwd, trusted)
         identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
         give_run(rounds, server, [name for name, _, _ in phases], trusted)
         with pool.quiet(timed=rounds.payload["mode"] == "full" or trusted):
@@ -324,7 +324,8 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
             sampler.close()
         if identity is not None:
             identity.close()
-        server.finish()
+        if server is not None:
+            server.finish()
 
 
 def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, bool]], sampler: CpuSampler | None,
