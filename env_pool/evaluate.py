@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import msgpack
 
 from env_pool.code_sampler import EXTENSIONS, own_libraries
-from env_pool.compile import BACKENDS, compile_kernel
+from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
 from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
@@ -194,18 +194,49 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     if "cpp_extension" not in files[SOLUTION_FILE]:
         return True  # plain Python: the candidate's own server imports it
     # KernelBench path: importing model_new.py runs its load_inline build, under the compile limit.
+    # The same files built before on this worker: their build is copied in, and the import skipped
+    # (the server's own import still fails a solution that does not load).
+    cached = inline_cache(ctx, files, backend)
     begin = time.perf_counter()
-    outcome = await _import_child(ctx, backend, scratch)
+    if cached.is_dir():
+        shutil.copytree(cached, scratch / EXTENSIONS, symlinks=True)
+        result.cache_hit = True
+    else:
+        outcome = await _import_child(ctx, backend, scratch)
+        payload = _decode(outcome)
+        if outcome.failure or not payload.get("ok"):
+            result.compile_s = time.perf_counter() - begin
+            result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
+            kind = "timeout" if outcome.timed_out else "compile_error"
+            return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
+        _store(scratch / EXTENSIONS, cached)
     result.compile_s = time.perf_counter() - begin
-    payload = _decode(outcome)
-    if outcome.failure or not payload.get("ok"):
-        result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
-        kind = "timeout" if outcome.timed_out else "compile_error"
-        return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
     # What the build left is the candidate's own code from here on (and only what it left now).
     for library in own_libraries(scratch):
         seal(library)
     return True
+
+
+def inline_cache(ctx, files: Mapping[str, str], backend: str) -> Path:
+    """Where a load_inline solution's build is kept, keyed by its files, torch and the toolchain (a hidden folder)."""
+    import torch
+
+    flags = ("load_inline", torch.__version__, os.environ.get("TORCH_CUDA_ARCH_LIST", ""), "-march=native")
+    return ctx.work_dir / "kernels" / "inline" / cache_key(files, backend, flags)
+
+
+def _store(built: Path, cached: Path) -> None:
+    """Keep a build for the next evaluation of the same files: copied whole, then renamed into place."""
+    if not built.is_dir() or cached.exists():
+        return
+    staging = cached.with_name(f"{cached.name}.{uuid.uuid4().hex}")
+    try:
+        # symlinks=True: a link the candidate's build left is copied as a link, never followed here,
+        # where the folders hidden from candidates are visible.
+        shutil.copytree(built, staging, symlinks=True, ignore=shutil.ignore_patterns("*.o", ".ninja_*"))
+        os.rename(staging, cached)
+    except OSError:  # another worker stored it first, or the disk is full: the cache is only a shortcut
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def seal(target: Path) -> None:
