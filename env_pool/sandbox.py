@@ -293,7 +293,6 @@ def run_sandboxed(
     hidden_paths: list[Path] | None = None,
     pass_fds: tuple[int, ...] = (),
     inherit_env: bool = True,
-    on_start=None,
 ) -> SandboxOutcome:
     """Run ``argv`` in ``scratch`` under ``limits``; ``payload`` is its stdin.
 
@@ -303,10 +302,9 @@ def run_sandboxed(
     Returns whatever the child did; raises ``SandboxError`` only when the sandbox could not run
     it (the program cannot be executed, a required isolation is unavailable, the shim failed).
     ``pass_fds`` are inherited by the child under the same numbers (shared memory of the round
-    protocol, env_pool/rounds.py); the caller keeps and closes its own copies. ``on_start`` is
-    called with the shim's pid once it runs (the run's processes are its descendants: the
-    harness's code sampler, env_pool/code_sampler.py, attributes their samples). A ``WarmStart``
-    as the payload starts the run now and feeds it later (see WarmStart).
+    protocol, env_pool/rounds.py); the caller keeps and closes its own copies. A ``WarmStart``
+    as the payload starts the run now and feeds it later, and tells its processes (see WarmStart:
+    the harness's code sampler, env_pool/code_sampler.py, attributes their samples).
     """
     import subprocess
 
@@ -365,8 +363,6 @@ def run_sandboxed(
         for fd in (in_r, out_w, res_w, st_w):
             os.close(fd)
     pid = proc.pid  # also the process group id (start_new_session)
-    if on_start is not None:
-        on_start(pid)
 
     # ---- Killing: everything we know of, by every handle we have. Safe to call repeatedly.
     tracked: dict[int, psutil.Process] = {}

@@ -91,8 +91,7 @@ class Server:
                "TORCHINDUCTOR_COMPILE_THREADS": "1", DEVICE_ENV: spec.device,
                FD_SOCKET_ENV: str(theirs.fileno()), "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
         try:
-            self.box["outcome"] = run_sandboxed(SERVER, self.start, self.cwd, limits, env, pass_fds=(theirs.fileno(),),
-                                                on_start=lambda pid: self.box.__setitem__("shim", pid))
+            self.box["outcome"] = run_sandboxed(SERVER, self.start, self.cwd, limits, env, pass_fds=(theirs.fileno(),))
         except SandboxError as err:
             self.box["error"] = err
         finally:
@@ -127,14 +126,8 @@ class Server:
         self.start.give(msgpack.packb(payload), self.spec.cpus)
 
     def pids(self) -> set[int]:
-        """The run's processes (the shim and its descendants), as this process's PID namespace numbers them."""
-        import psutil
-
-        shim = self.box.get("shim")
-        try:
-            return {shim} | {p.pid for p in psutil.Process(shim).children(recursive=True)}
-        except (psutil.Error, ValueError, TypeError):
-            return set()
+        """The run's processes (the shim, its descendants, its cgroups' members), as this process's PID namespace numbers them."""
+        return self.start.members() if self.start.members is not None else set()
 
     def finish(self) -> None:
         """After its run, or instead of one: the process gone, its folder removed."""
