@@ -146,6 +146,7 @@ class EnvConfig:
     compile_timeout_s: float = 300.0  # wall-clock limit of one compile
     run_timeout_s: float = 120.0  # wall-clock limit of one verify or profile run
     warm_servers: int = 2  # candidate servers each worker's harness keeps started ahead of need (sandbox built, torch imported, CUDA context made), each used for one candidate only (env_pool/server_pool.py, read in env_pool/evaluate.py); 0: each evaluation starts its own (seconds slower); each costs a process's memory (and a CUDA context on a GPU)
+    pch_dir: str = "~/.cache/cuda-agent/pch"  # where each machine keeps a precompiled torch/extension.h for load_inline builds (env_pool/inline_pch.py, read in env_pool/evaluate.py): built once in the background on the first load_inline solution (~1.6 GB, ~2 min of one core), then every such build skips parsing torch's headers (27 s -> 12 s on a 2-core CPU); "" turns it off
     infra_retries: int = 2  # times env_pool/pool.py re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
     memory_limit_mb: int = 8192  # address-space limit of a candidate's process (host memory)
     warmup: int = 5  # untimed runs before timing

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import msgpack
 
+from env_pool import inline_pch
 from env_pool.code_sampler import EXTENSIONS, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
@@ -300,6 +301,9 @@ async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
     env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / EXTENSIONS),
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    pch = inline_pch.ready_dir(Path(cfg.pch_dir), backend, own) if cfg.pch_dir else None
+    if pch is not None:  # torch's headers precompiled: GCC looks on CPATH before torch's own include dirs
+        env["CPATH"] = str(pch)
     return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
 
 

@@ -603,9 +603,9 @@ _CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
 
 def _paths_to_keep(argv: list[str], env: dict[str, str]) -> list[str]:
-    """What the child needs to start that the private /tmp would cover: a checkout or venv under /tmp."""
+    """What the child needs that the private /tmp would cover: a checkout, venv or include folder (CPATH) under /tmp."""
     wanted = [sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(os.path.abspath(argv[0])),
-              *env.get("PYTHONPATH", "").split(os.pathsep), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+              *env.get("PYTHONPATH", "").split(os.pathsep), *env.get("CPATH", "").split(os.pathsep), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     return sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p) and os.path.realpath(p).startswith("/tmp/")})
 
 
