@@ -40,7 +40,7 @@ HEADER = "torch/extension.h"
 VARIANTS = {"plain": (), "optimized": ("-O3",)}
 BUILD_TIMEOUT_S = 900.0  # one variant: ~40 s on an idle CPU core, minutes on a busy one
 PR_SET_PDEATHSIG = 1
-PROBE = "#include <torch/extension.h>\nint cuda_agent_pch_probe() { return 0; }\n"
+PROBE = "#include <torch/extension.h>\n#include <torch/extension.h>\nint cuda_agent_pch_probe() { return 0; }\n"
 
 _building: dict[Path, threading.Thread] = {}
 _lock = threading.Lock()
@@ -139,6 +139,9 @@ def _build_variants(staging: Path, compiler: str, flags: list[str], cpus: list[i
     """Empty when every variant is built and used by a probe; otherwise why not."""
     target = staging / (HEADER + ".gch")
     target.mkdir(parents=True)
+    # The header itself beside it: GCC takes a used PCH's folder as where the header lives, and a
+    # second #include of it (KernelBench's cpp_sources repeat the one load_inline adds) opens it there.
+    (staging / HEADER).symlink_to(header_path())
     for name, extra in VARIANTS.items():
         out = target / f"{name}.gch"
         cmd = [compiler, *flags, *extra, "-x", "c++-header", str(header_path()), "-o", str(out)]
@@ -150,7 +153,7 @@ def _build_variants(staging: Path, compiler: str, flags: list[str], cpus: list[i
         checked = _run([compiler, *flags, *extra, "-H", "-Winvalid-pch", "-fsyntax-only", str(probe)], staging, cpus,
                        {"CPATH": str(staging)})
         probe.unlink()
-        if f"! {out}" not in checked.stderr:
+        if checked.returncode != 0 or f"! {out}" not in checked.stderr:
             return f"the {name} variant was built but a probe with load_inline's flags did not use it:\n{checked.stderr[-2000:]}"
     return ""
 

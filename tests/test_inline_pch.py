@@ -19,10 +19,10 @@ import os
 raise RuntimeError("CPATH=" + os.environ.get("CPATH", "<unset>"))
 '''
 
-LOAD_INLINE = '''
+LOAD_INLINE = r'''
 import sys
 from torch.utils.cpp_extension import load_inline
-load_inline(name="pch_probe_ext", cpp_sources="int twice(int x) { return 2 * x; }", functions=["twice"],
+load_inline(name="pch_probe_ext", cpp_sources="#include <torch/extension.h>\nint twice(int x) { return 2 * x; }", functions=["twice"],
             extra_cflags=["-O3", "-H"], build_directory=sys.argv[1], verbose=True)
 '''
 

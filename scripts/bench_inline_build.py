@@ -1,0 +1,74 @@
+"""Where a load_inline build's time goes: each of its compiler commands timed on its own.
+
+    python scripts/bench_inline_build.py --out DIR [--case legit/gelu_load_inline_cuda] [--pch-dir DIR]
+
+Builds a corpus case's load_inline extension once (its files and ninja commands), then runs each
+command again alone: the binding's main.cpp with and without the precompiled torch/extension.h
+(env_pool/inline_pch.py, built first if needed), the kernel's cuda.cu (nvcc), the link.
+Unsandboxed: this measures the compilers, not the environment. Writes DIR/inline_build.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from env_pool import inline_pch  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "env_corpus"
+
+
+def timed(cmd: str, cwd: Path, env: dict) -> tuple[float, int, str]:
+    begin = time.perf_counter()
+    done = subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - begin, done.returncode, done.stdout + done.stderr
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--case", default="legit/gelu_load_inline_cuda")
+    parser.add_argument("--pch-dir", type=Path, default=Path("~/.cache/cuda-agent/pch"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    source = (CORPUS / args.case / "model_new.py").read_text()
+    cuda = "cuda_sources" in source
+    compiler, flags, key = inline_pch.target(cuda)
+    pch = args.pch_dir.expanduser() / key
+    begin = time.perf_counter()
+    pch_ok = (pch / "ok").exists() or inline_pch.build(pch, compiler, flags)
+    rows = [{"what": "pch build (once per machine)", "s": time.perf_counter() - begin, "rc": 0 if pch_ok else 1}]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": tmp}
+        env.pop("CPATH", None)
+        os.environ.update(TORCH_EXTENSIONS_DIR=tmp)
+        begin = time.perf_counter()
+        runpy.run_path(str(CORPUS / args.case / "model_new.py"))
+        rows.append({"what": "whole load_inline build (ninja, parallel)", "s": time.perf_counter() - begin, "rc": 0})
+        build = next(p for p in Path(tmp).iterdir() if p.is_dir())
+        commands = subprocess.run(["ninja", "-t", "commands"], cwd=build, capture_output=True, text=True).stdout.splitlines()
+        for cmd in commands:
+            what = next((Path(w).name for w in shlex.split(cmd) if w.endswith((".cpp", ".cu"))), "link")
+            s, rc, log = timed(cmd, build, env)
+            rows.append({"what": f"{what} alone", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
+            if what == "main.cpp" and pch_ok:
+                s, rc, log = timed(cmd + " -H", build, {**env, "CPATH": str(pch)})
+                used = any(line.startswith("! ") for line in log.splitlines())
+                rows.append({"what": f"main.cpp alone, pch {'used' if used else 'NOT used'}", "s": s, "rc": rc})
+    (args.out / "inline_build.json").write_text(json.dumps(rows, indent=2))
+    print(f"\nload_inline build of {args.case}")
+    for row in rows:
+        print(f"{row['what']:<45}{row['s']:>8.1f} s  rc {row['rc']}")
+
+
+if __name__ == "__main__":
+    main()
