@@ -249,6 +249,23 @@ class EvalConfig:
 
 
 @dataclass
+class SynthConfig:
+    out_dir: str = "runs/synth"  # launch/synth.py: tasks/ (the task folder train and eval read), manifest.jsonl, catalogue.json, report.json
+    tasks: int = 300  # launch/synth.py: stop once this many tasks are accepted (a rerun continues toward it)
+    seed: int = 0  # launch/synth.py: the first composer seed; each candidate is one seed, the next candidate the next seed
+    max_candidates: int = 5000  # launch/synth.py: stop after this many composed candidates even if fewer tasks were accepted
+    max_ops: int = 5  # tasks/synth/compose.py: operators per task, 1 to this many (the paper composes up to 5)
+    backend: Backend = Backend.cpp  # launch/synth.py: the backend whose preset the runtime window is measured on (cuda needs GPU workers)
+    window_ms_cpp: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cpp preset, ms
+    window_ms_cuda: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cuda preset, ms (the paper's 1-100 ms)
+    try_compile: bool = True  # tasks/synth/filters.py: the task must also run under torch.compile and agree with eager (the paper's filter)
+    duplicate_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to an accepted task is a near-duplicate (tasks/synth/similarity.py)
+    contamination_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to a KernelBench problem is dropped (the paper's cutoff)
+    kernelbench_dir: str = "../shared/kernelbench"  # launch/synth.py: KernelBench levels 1-3, read in place for the contamination screen; absent: the screen is skipped, and report.json says so
+    workers: int = 2  # launch/synth.py: Ray workers that run the dynamic filters (one CPU each; on the cuda backend one GPU share each); 0: in this process, without Ray
+
+
+@dataclass
 class LoggingConfig:
     out_dir: str = "runs/default"  # metrics, checkpoints, plots and trajectories go here
     jsonl: bool = True  # metrics.jsonl, one record per step
@@ -266,5 +283,6 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)  # PPO, RFT and value pretraining on DeepSpeed
     stage: StageConfig = field(default_factory=StageConfig)  # which stage of the recipe, and how long
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation sweeps
+    synth: SynthConfig = field(default_factory=SynthConfig)  # building training task sets (cuda-agent synth)
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # where results go and how progress shows
     seed: int = 0  # seeds Python, NumPy and torch in every process

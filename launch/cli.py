@@ -197,6 +197,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    from configs.load import load_config
+    from launch.synth import run_synth
+
+    files, overrides = _split_files_and_overrides(args.items)
+    cfg = load_config(files, overrides)
+    try:
+        report = run_synth(cfg, progress=cfg.logging.progress)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: every finished candidate is in {cfg.synth.out_dir}/manifest.jsonl; "
+                          "run the same command to continue")
+        return 130
+    from rich.table import Table
+
+    table = Table(title=f"synth: {report['candidates']} candidates in {report['minutes']} min")
+    table.add_column("stage")
+    table.add_column("candidates", justify="right")
+    for stage, count in report["stages"].items():
+        table.add_row(stage, str(count))
+    console.print(table)
+    console.print(f"tasks: {report['task_folder']} (cuda-agent train/eval read it as is); manifest and report.json beside it")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from configs.load import load_config
     from launch.eval import build_sweep, run_sweep
@@ -298,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="run a training stage or the whole recipe: CONFIG files then key=value overrides")
     tr.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
     tr.set_defaults(func=cmd_train)
+
+    sy = sub.add_parser("synth", help="build a training task set (crawl, compose, filter, dedup, screen): CONFIG files then key=value overrides")
+    sy.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. synth.tasks=300 synth.out_dir=runs/synth")
+    sy.set_defaults(func=cmd_synth)
 
     doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
     doctor.add_argument("--json", action="store_true")

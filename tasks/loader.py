@@ -41,23 +41,44 @@ def load_tasks(paths: Iterable[str | Path] = ()) -> tuple[list[Task], list[LoadF
             continue
         base = root if root.is_dir() else root.parent
         for file in _problem_files(root):
-            try:
-                task = load_task_file(file, base=base)
-            except TaskError as err:
-                failures.append(LoadFailure(str(file), str(err)))
-                continue
-            if task.id in seen:
-                failures.append(LoadFailure(str(file), f"duplicate task id {task.id!r} (also {seen[task.id]})"))
-                continue
-            seen[task.id] = str(file)
-            tasks.append(task)
+            for where, task in _tasks_in(file, base, failures):
+                if task.id in seen:
+                    failures.append(LoadFailure(where, f"duplicate task id {task.id!r} (also {seen[task.id]})"))
+                    continue
+                seen[task.id] = where
+                tasks.append(task)
     return tasks, failures
+
+
+def _tasks_in(file: Path, base: Path, failures: list[LoadFailure]) -> list[tuple[str, Task]]:
+    """(where, task) for each problem in ``file``: one for a .py file, one per row of a parquet task set."""
+    if file.suffix != ".parquet":
+        try:
+            return [(str(file), load_task_file(file, base=base))]
+        except TaskError as err:
+            failures.append(LoadFailure(str(file), str(err)))
+            return []
+    from tasks.ops6k import ParquetLayoutError, read_programs
+
+    try:
+        rows = read_programs(file)
+    except (ParquetLayoutError, OSError) as err:
+        failures.append(LoadFailure(str(file), str(err)))
+        return []
+    found = []
+    for task_id, source in rows:
+        try:
+            found.append((f"{file}#{task_id}", parse_task(source, task_id)))
+        except TaskError as err:
+            failures.append(LoadFailure(f"{file}#{task_id}", str(err)))
+    return found
 
 
 def _problem_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*.py") if not p.name.startswith("_") and "__pycache__" not in p.parts)
+    return sorted(p for pattern in ("*.py", "*.parquet") for p in root.rglob(pattern)
+                  if not p.name.startswith("_") and "__pycache__" not in p.parts)
 
 
 def load_task_file(path: Path, base: Path | None = None) -> Task:
@@ -66,8 +87,19 @@ def load_task_file(path: Path, base: Path | None = None) -> Task:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise TaskError(f"cannot read: {err}") from err
+    rel = path.relative_to(base) if base and path.is_relative_to(base) else Path(path.name)
+    task = parse_task(source, rel.with_suffix("").as_posix(), path)
+    from tasks.describe import describe_task  # executes the file; kept out of the parse above
+
+    for backend in BACKENDS:
+        describe_task(task, backend)  # raises TaskError if the model or inputs cannot be built
+    return task
+
+
+def parse_task(source: str, task_id: str, path: Path | None = None) -> Task:
+    """A Task from a problem's text, without running it; raise TaskError naming what is wrong."""
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = ast.parse(source, filename=str(path or task_id))
     except SyntaxError as err:
         raise TaskError(f"syntax error at line {err.lineno}: {err.msg}") from err
     entry = EntryPoints()
@@ -83,22 +115,16 @@ def load_task_file(path: Path, base: Path | None = None) -> Task:
     tolerance = constants.get("TOLERANCE", {})
     if not isinstance(tolerance, dict) or set(tolerance) - {"atol", "rtol"}:
         raise TaskError('TOLERANCE must be a dict literal with keys "atol" and/or "rtol"')
-    rel = path.relative_to(base) if base and path.is_relative_to(base) else Path(path.name)
-    task = Task(
-        id=rel.with_suffix("").as_posix(),
-        level=_level(path, constants.get("LEVEL")),
+    return Task(
+        id=task_id,
+        level=_level(path or Path(task_id), constants.get("LEVEL")),
         source=source,
-        path=str(path),
+        path=str(path or ""),
         entry=entry,
         presets=presets,
         atol=tolerance.get("atol"),
         rtol=tolerance.get("rtol"),
     )
-    from tasks.describe import describe_task  # executes the file; kept out of the parse above
-
-    for backend in BACKENDS:
-        describe_task(task, backend)  # raises TaskError if the model or inputs cannot be built
-    return task
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:

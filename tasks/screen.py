@@ -73,6 +73,9 @@ def screen_task(
         result.problems.append("output has NaN or Inf")
     if all(o.numel() <= 1 or bool((o == o.flatten()[0]).all()) for o in out_a):
         result.problems.append("output is constant")
+    elif all(o.is_floating_point() and bool((o.abs() <= task.tolerances(str(o.dtype).removeprefix("torch."))[0]).all())
+             for o in out_a):
+        result.problems.append("every output is within tolerance of zero: a kernel that returns zeros would pass")
     if not all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_a))):
         result.problems.append("not deterministic: the same inputs gave different outputs")
     if all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_b))):
@@ -81,7 +84,7 @@ def screen_task(
     low, high = window_ms
     if not low <= result.eager_ms <= high:
         result.problems.append(f"eager time {result.eager_ms:.2f} ms is outside [{low}, {high}] ms")
-    if try_compile:
+    if try_compile and not result.problems:  # the slow check last, and only for a task that passed the rest
         result.compile_ok = _compiles(model, inputs_a, out_a, task)
         if not result.compile_ok:
             result.problems.append("torch.compile fails or disagrees with eager")

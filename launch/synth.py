@@ -1,0 +1,152 @@
+"""``cuda-agent synth``: build a training task set with the paper's pipeline (crawl, compose, filter, dedup, screen).
+
+The driver crawls the operators (catalogue.json), composes candidates seed by seed, drops
+those that fail the static checks, copy an accepted task or resemble a KernelBench problem,
+and hands the rest to ``synth.workers`` Ray workers (0: this process) that run the dynamic filters (eager,
+torch.compile, numerics, the runtime window). Accepted tasks land in ``OUT/tasks/synth/``, a
+folder ``cuda-agent train`` and ``cuda-agent eval`` read unchanged. Every candidate's fate is a
+row of ``OUT/manifest.jsonl``; ``OUT/report.json`` counts each stage. A rerun continues.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from tasks.synth.catalogue import crawl, write_catalogue
+from tasks.synth.compose import Candidate, compose, sized
+from tasks.synth.filters import dynamic_problem
+from tasks.synth.pipeline import SynthRun, task_of
+from tasks.synth.similarity import kernelbench_index
+
+
+def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try_compile: bool) -> tuple[Candidate, str, float | None]:
+    """In a worker: the candidate sized to the window, then every dynamic filter (one thread, as a cpp server runs)."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        candidate = sized(candidate, window, backend)
+        problem, eager_ms = dynamic_problem(task_of(candidate), backend, window, try_compile)
+        return candidate, problem, eager_ms
+    except Exception as err:  # a program that breaks the filter itself is rejected, never the run
+        return candidate, f"the screen failed: {type(err).__name__}: {err}", None
+
+
+def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dict:
+    """The whole run; returns report.json's contents."""
+    s = cfg.synth
+    console = console or Console(stderr=True)
+    out = Path(s.out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    backend = str(s.backend.value if hasattr(s.backend, "value") else s.backend)
+    window = tuple(float(v) for v in (s.window_ms_cuda if backend == "cuda" else s.window_ms_cpp))
+    ops, excluded = crawl()
+    write_catalogue(out / "catalogue.json", ops, excluded)
+    kb_root = Path(s.kernelbench_dir).expanduser()
+    kernelbench = kernelbench_index(kb_root, float(s.contamination_similarity))
+    if not len(kernelbench):
+        console.print(f"[yellow]KernelBench not found at {kb_root}: the contamination screen is skipped "
+                      "(set synth.kernelbench_dir)[/yellow]")
+    run = SynthRun(out, float(s.duplicate_similarity), kernelbench)
+    console.print(f"{len(ops)} operators ({len(excluded)} excluded: {out / 'catalogue.json'}); "
+                  f"{run.accepted_count} task(s) already accepted in {out}")
+    screener = _Screener(int(s.workers), backend)
+    began, composed, before = time.perf_counter(), 0, run.accepted_count
+    pending: dict = {}
+    seed = int(s.seed)
+    with _bar(progress, console, int(s.tasks)) as bar:
+        task = bar.add_task("accepted", total=int(s.tasks), completed=run.accepted_count)
+        while run.accepted_count < int(s.tasks) and (pending or composed < int(s.max_candidates)):
+            while len(pending) < max(1, 2 * int(s.workers)) and composed < int(s.max_candidates):
+                while seed in run.seeds:  # composed in an earlier run: its row is in the manifest
+                    seed += 1
+                candidate = compose(seed, ops, int(s.max_ops))
+                composed += 1
+                dropped = run.precheck(seed, candidate)
+                if dropped:
+                    run.record(dropped)
+                else:
+                    pending[screener.submit(candidate, window, bool(s.try_compile))] = seed
+                seed += 1
+            if not pending:
+                continue
+            ref, (candidate, problem, eager_ms) = screener.next_done(list(pending))
+            run.record(run.finish(pending.pop(ref), candidate, problem, eager_ms))
+            bar.update(task, completed=run.accepted_count,
+                       description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
+    screener.cancel(list(pending))  # stopped at the target: what still runs is dropped (its seeds are redone next time)
+    minutes = (time.perf_counter() - began) / 60
+    return run.report({"backend": backend, "window_ms": list(window), "minutes": round(minutes, 2),
+                       "operators": len(ops), "operators_excluded": len(excluded),
+                       "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
+                       "task_folder": str(run.task_dir)})
+
+
+class _Screener:
+    """The dynamic filters on ``workers`` Ray workers (one CPU each, a GPU share on cuda), or in this process with 0."""
+
+    def __init__(self, workers: int, backend: str):
+        self.backend, self.local = backend, workers == 0
+        if self.local:
+            self.results: dict[int, tuple] = {}
+            return
+        import ray
+
+        if not ray.is_initialized():
+            import torch
+
+            gpus = 1 if backend == "cuda" and torch.cuda.is_available() else 0
+            ray.init(address="local", num_cpus=workers, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        self.remote = ray.remote(num_cpus=1, num_gpus=1.0 / workers if backend == "cuda" else 0)(_screen)
+
+    def submit(self, candidate: Candidate, window: tuple[float, float], try_compile: bool):
+        if self.local:
+            key = len(self.results)
+            self.results[key] = _screen(candidate, self.backend, window, try_compile)
+            return key
+        return self.remote.remote(candidate, self.backend, window, try_compile)
+
+    def next_done(self, pending: list):
+        if self.local:
+            return pending[0], self.results.pop(pending[0])
+        import ray
+
+        done, _ = ray.wait(pending, num_returns=1)
+        return done[0], ray.get(done[0])
+
+    def cancel(self, pending: list) -> None:
+        if not self.local:
+            import ray
+
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+
+def _rate(accepted: int, began: float) -> str:
+    minutes = (time.perf_counter() - began) / 60
+    return f"{accepted / minutes:.1f}/min" if minutes > 0.05 else "-"
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass
+
+
+def _bar(progress: bool, console: Console, total: int):
+    if not progress:
+        return _NoBar()
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} tasks"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)

@@ -1,0 +1,186 @@
+"""The deterministic composer: chains of 1-5 compatible operators written as KernelBench-format programs.
+
+A chain starts from an input layout (flat, seq or image) and draws each next operator among
+those that accept the current tensor; the shape after each step is found by running the step
+on a small probe tensor (never by tracing on the meta device). Hyperparameters are drawn from
+the recipe's choices. The program's batch size is then sized so that its eager forward falls
+inside the backend's runtime window (measured here, on the cpp preset's device).
+
+Each candidate comes from one integer seed: the same seed gives the same program, so a resumed
+run skips the seeds its manifest already holds.
+"""
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tasks.synth.catalogue import LAYOUTS, Op, fill, run_op
+
+# Per-sample sizes of each layout (the batch dimension is sized later); chosen so that a
+# chain's work is dominated by its operators, not the launch overhead.
+SAMPLE_SHAPES = {"flat": [(1024,), (2048,), (4096,)], "seq": [(64, 256), (128, 512)], "image": [(16, 32, 32), (32, 64, 64)]}
+MAX_ELEMENTS = 1 << 26  # no tensor of a chain may exceed this many elements at the sized batch (256 MB of float32)
+CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
+
+
+@dataclass
+class Candidate:
+    """A composed program before the filters: its source and where it came from."""
+
+    id: str
+    source: str
+    provenance: dict = field(default_factory=dict)  # composer, seed, ops, layout; written beside the task
+
+
+def compose(seed: int, ops: list[Op], max_ops: int = 5) -> Candidate | None:
+    """One candidate program from ``seed``; None when no chain could be built from it."""
+    rng = random.Random(seed)
+    layout = rng.choice(sorted(SAMPLE_SHAPES))
+    sample = rng.choice(SAMPLE_SHAPES[layout])
+    chain = _chain(rng, ops, layout, sample, rng.randint(1, max_ops))
+    if not chain:
+        return None
+    names = [op.name for op, _ in chain]
+    return Candidate(id=f"synth/{seed:08d}_{'_'.join(_short(n) for n in names)}"[:120],
+                     source=_program(seed, layout, sample, chain, batch=1),
+                     provenance={"composer": "deterministic", "seed": seed, "ops": names, "layout": layout,
+                                 "sample_shape": list(sample)})
+
+
+def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "cpp") -> Candidate:
+    """The candidate with the batch size that puts its eager forward near the window's geometric middle.
+
+    Measured where the window is then checked (a screen worker, one thread): a size measured in
+    another process on a busy machine missed the window by 100x either way.
+    """
+    scope: dict = {}
+    exec(compile(candidate.source, candidate.id, "exec"), scope)
+    torch.manual_seed(0)
+    device = "cuda" if backend == "cuda" else "cpu"
+    model = scope["Model"]().to(device).eval()
+    sample = tuple(candidate.provenance["sample_shape"])
+    measured = _sized_batch(model, sample, window_ms, device)
+    # The backend measured here sets its own preset; the other one's is scaled by the usual GPU/CPU ratio.
+    batch = measured if device == "cpu" else max(1, measured // CUDA_BATCH_FACTOR)
+    cuda_batch = measured if device == "cuda" else batch * CUDA_BATCH_FACTOR
+    source = re.sub(r"(?m)^batch_size = .*$", f"batch_size = {batch}", candidate.source)
+    source = re.sub(r"(?m)^PRESETS = .*$", _presets_line(batch, cuda_batch), source)
+    return Candidate(candidate.id, source, {**candidate.provenance, "batch_cpp": batch, "batch_cuda": cuda_batch,
+                                            "sized_on": backend})
+
+
+def _presets_line(batch: int, cuda_batch: int) -> str:
+    return f'PRESETS = {{"cpp": {{"batch_size": {batch}}}, "cuda": {{"batch_size": {cuda_batch}}}}}'
+
+
+
+def _chain(rng: random.Random, ops: list[Op], layout: str, sample: tuple[int, ...], length: int) -> list[tuple[Op, dict]]:
+    x = torch.randn(2, *sample)
+    chain: list[tuple[Op, dict]] = []
+    for _ in range(length * 4):  # a few draws per step: some operators fail on some shapes
+        if len(chain) == length:
+            break
+        current = _layout_of(x)
+        usable = [op for op in ops if current in op.layouts]
+        if not usable:
+            break
+        op = rng.choices(usable, weights=[o.weight for o in usable])[0]
+        params = {k: rng.choice(v) for k, v in op.params.items()}
+        if any(existing.name == op.name for existing, _ in chain[-1:]):
+            continue  # the same operator twice in a row adds nothing a kernel writer must think about
+        try:
+            y = run_op(op, x, params)
+        except Exception:
+            continue
+        if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.numel() < 2 or not torch.isfinite(y).all():
+            continue
+        chain.append((op, {**params, "_in_shape": tuple(x.shape)}))
+        x = y
+    return chain
+
+
+def _layout_of(x: torch.Tensor) -> str:
+    return {2: "flat", 3: "seq", 4: "image"}.get(x.dim(), "none")
+
+
+def _short(name: str) -> str:
+    return name.split(".")[-1].lower().removesuffix("activation")[:12]
+
+
+def _program(seed: int, layout: str, sample: tuple[int, ...], chain: list[tuple[Op, dict]], batch: int) -> str:
+    dims = ", ".join(str(d) for d in sample)
+    preludes = "".join(f"\n\n{text}" for text in dict.fromkeys(op.prelude for op, _ in chain if op.prelude))
+    init_lines, forward_lines = [], []
+    for i, (op, params) in enumerate(chain):
+        shape = params["_in_shape"]
+        values = {k: v for k, v in params.items() if not k.startswith("_")}
+        attr = f"op{i}"
+        if op.init:
+            init_lines.append(f"        self.{attr} = {fill(op.init, shape, values)}")
+        forward_lines.append(f"        x = {fill(op.call, shape, values).replace('{attr}', attr)}  # {op.name}")
+    names = " -> ".join(op.name for op, _ in chain)
+    return f'''"""Synthesised task: {names}.
+
+Composer: deterministic, seed {seed}; input layout {layout}. Write a kernel (or kernels) that
+computes the same forward pass.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = {batch}
+{_presets_line(batch, batch * CUDA_BATCH_FACTOR)}{preludes}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{chr(10).join(init_lines) if init_lines else "        pass"}
+
+    def forward(self, x):
+{chr(10).join(forward_lines)}
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, {dims})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], window_ms: tuple[float, float], device: str) -> int:
+    target = (window_ms[0] * window_ms[1]) ** 0.5
+    batch = 1
+    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled linearly
+        x = torch.randn(batch, *sample, device=device)
+        ms, y = _eager_ms(model, x)
+        if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS:
+            break
+        batch *= 2
+    largest = max(x.numel(), y.numel()) / batch
+    return max(1, min(int(batch * target / max(ms, 1e-3)), int(MAX_ELEMENTS // max(largest, 1))))
+
+
+def _eager_ms(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """The median of five timed calls after a warm-up (the first call pays allocation and dispatch set-up)."""
+    with torch.no_grad():
+        y = model(x)
+        times = []
+        for _ in range(5):
+            synchronize = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+            synchronize()
+            begin = time.perf_counter()
+            model(x)
+            synchronize()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return statistics.median(times), y
