@@ -254,7 +254,10 @@ class SynthConfig:
     tasks: int = 300  # launch/synth.py: stop once this many tasks are accepted (a rerun continues toward it)
     seed: int = 0  # launch/synth.py: the first composer seed; each candidate is one seed, the next candidate the next seed
     max_candidates: int = 5000  # launch/synth.py: stop after this many composed candidates even if fewer tasks were accepted
-    max_ops: int = 5  # tasks/synth/compose.py: operators per task, 1 to this many (the paper composes up to 5)
+    max_ops: int = 5  # tasks/synth/compose.py and llm_compose.py: operators per task, 1 to this many (the paper composes up to 5)
+    policy: str = ""  # launch/synth.py: "" composes deterministically; vllm:DIR, vllm:embedded, openai:URL#MODEL or replay:FILE writes each program with that policy (tasks/synth/llm_compose.py)
+    max_new_tokens: int = 1024  # launch/synth.py: the longest answer the policy may write per program
+    llm_concurrency: int = 8  # launch/synth.py: programs the policy is asked for at once (the next seeds'), kept until composed
     backend: Backend = Backend.cpp  # launch/synth.py: the backend whose preset the runtime window is measured on (cuda needs GPU workers)
     window_ms_cpp: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cpp preset, ms
     window_ms_cuda: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cuda preset, ms (the paper's 1-100 ms)

@@ -1,6 +1,7 @@
 """``cuda-agent synth``: build a training task set with the paper's pipeline (crawl, compose, filter, dedup, screen).
 
-The driver crawls the operators (catalogue.json), composes candidates seed by seed, drops
+The driver crawls the operators (catalogue.json), composes candidates seed by seed (the
+deterministic composer, or a policy given as ``synth.policy``), drops
 those that fail the static checks, copy an accepted task or resemble a KernelBench problem,
 and hands the rest to ``synth.workers`` Ray workers (0: this process) that run the dynamic filters (eager,
 torch.compile, numerics, the runtime window). Accepted tasks land in ``OUT/tasks/synth/``, a
@@ -9,6 +10,7 @@ row of ``OUT/manifest.jsonl``; ``OUT/report.json`` counts each stage. A rerun co
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from tasks.synth.catalogue import crawl, write_catalogue
 from tasks.synth.compose import Candidate, compose, sized
 from tasks.synth.filters import dynamic_problem
+from tasks.synth.llm_compose import candidate_from, request
 from tasks.synth.pipeline import SynthRun, task_of
 from tasks.synth.similarity import kernelbench_index
 
@@ -54,6 +57,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     console.print(f"{len(ops)} operators ({len(excluded)} excluded: {out / 'catalogue.json'}); "
                   f"{run.accepted_count} task(s) already accepted in {out}")
     screener = _Screener(int(s.workers), backend)
+    composer = _LLMComposer(cfg, ops) if s.policy else (lambda seed: compose(seed, ops, int(s.max_ops)))
     began, composed, before = time.perf_counter(), 0, run.accepted_count
     pending: dict = {}
     seed = int(s.seed)
@@ -63,7 +67,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
             while len(pending) < max(1, 2 * int(s.workers)) and composed < int(s.max_candidates):
                 while seed in run.seeds:  # composed in an earlier run: its row is in the manifest
                     seed += 1
-                candidate = compose(seed, ops, int(s.max_ops))
+                candidate = composer(seed)
                 composed += 1
                 dropped = run.precheck(seed, candidate)
                 if dropped:
@@ -83,6 +87,44 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                        "operators": len(ops), "operators_excluded": len(excluded),
                        "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
                        "task_folder": str(run.task_dir)})
+
+
+class _LLMComposer:
+    """Candidates written by a policy (synth.policy) from a prompt naming the operators to fuse (tasks/synth/llm_compose.py)."""
+
+    def __init__(self, cfg, ops):
+        from rollout.chat import ChatFormat
+        from rollout.policy import make_policy
+
+        self.cfg, self.ops = cfg, ops
+        self.policy = make_policy(cfg.synth.policy, cfg)
+        self.chat = ChatFormat.of(self.policy.tokenizer) if self.policy.token_level else None
+        self.loop = asyncio.new_event_loop()
+        self.ready: dict[int, Candidate | None] = {}
+
+    def __call__(self, seed: int) -> Candidate | None:
+        """The seed's candidate; the next ``synth.llm_concurrency`` seeds are asked for at once and kept."""
+        if seed not in self.ready:
+            seeds = range(seed, seed + int(self.cfg.synth.llm_concurrency))
+            answers = self.loop.run_until_complete(self._ask_all(seeds))
+            self.ready = dict(zip(seeds, answers))
+        return self.ready.pop(seed)
+
+    async def _ask_all(self, seeds) -> list[Candidate | None]:
+        return await asyncio.gather(*(self._ask(s) for s in seeds))
+
+    async def _ask(self, seed: int) -> Candidate | None:
+        from rollout.policy import GenerationRequest, PolicyError
+
+        messages, provenance = request(seed, self.ops, int(self.cfg.synth.max_ops))
+        ids = self.chat.render(messages) if self.chat is not None else []
+        # One conversation per run: a scripted (replay) policy answers its turns in order.
+        ask = GenerationRequest(ids, messages, [], int(self.cfg.synth.max_new_tokens), episode_id="synth")
+        try:
+            answer = await self.policy.generate(ask)
+        except PolicyError:  # one unanswered request costs its candidate (a "compose" row), not the run
+            return None
+        return candidate_from(answer.text, {**provenance, "policy": self.cfg.synth.policy})
 
 
 class _Screener:

@@ -171,3 +171,26 @@ def test_a_task_set_in_the_ops_6k_parquet_layout_loads_as_tasks(tmp_path):
     assert len(failures) == 1 and "ops6k/broken" in failures[0].path and "get_inputs" in failures[0].reason
     pq.write_table(pa.table({"n": [1]}), tmp_path / "ops6k.parquet")
     assert "no column of programs" in load_tasks([tmp_path / "ops6k.parquet"])[1][0].reason
+
+
+def test_a_policy_writes_candidates_that_go_through_the_same_filters(tmp_path, tiny_model_dir):
+    from configs.load import load_config
+    from launch.synth import run_synth
+
+    script = tmp_path / "answers.json"
+    script.write_text(json.dumps([f"Here it is:\n```python\n{program(dims='65536')}```",
+                                  "I cannot write that program.",
+                                  f"```python\n{program('torch.nn.functional.dropout(x, 0.1)')}```",
+                                  f"```python\n{program('torch.tanh(x) * 5.0', dims='65536')}```"]))
+    cfg = load_config([], [f"synth.out_dir={tmp_path / 'out'}", "synth.tasks=1", "synth.workers=0", "synth.max_candidates=4",
+                           f"synth.policy=replay:{script}", f"model.path={tiny_model_dir}", "synth.try_compile=false",
+                           "synth.window_ms_cpp=[0.01,1000.0]"])
+    report = run_synth(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in rows] == ["accepted"], rows  # the target is one task: it stops there
+    cfg.synth.tasks = 2
+    report = run_synth(cfg, progress=False)
+    stages = [json.loads(line)["stage"] for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    # A new run asks the script from its start: the first answer again (a copy now), then the others.
+    assert stages[1:] == ["near_duplicate", "compose", "static", "near_duplicate"], stages
+    assert report["stages"]["accepted"] == 1

@@ -52,7 +52,8 @@ class SynthRun:
     def precheck(self, seed: int, candidate: Candidate | None) -> dict | None:
         """The row of a candidate dropped before it runs, or None when it goes on to the screen."""
         if candidate is None:
-            return {"seed": seed, "stage": "compose", "reason": "no chain of compatible operators from this seed"}
+            return {"seed": seed, "stage": "compose",
+                    "reason": "no program: no chain of compatible operators from this seed, or no code block in the policy's answer"}
         row = {"seed": seed, "id": candidate.id, "ops": candidate.provenance.get("ops", [])}
         why = static_problem(candidate.source)
         if why:
