@@ -61,27 +61,31 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     began, composed, before = time.perf_counter(), 0, run.accepted_count
     pending: dict = {}
     seed = int(s.seed)
-    with _bar(progress, console, int(s.tasks)) as bar:
-        task = bar.add_task("accepted", total=int(s.tasks), completed=run.accepted_count)
-        while run.accepted_count < int(s.tasks) and (pending or composed < int(s.max_candidates)):
-            while len(pending) < max(1, 2 * int(s.workers)) and composed < int(s.max_candidates):
-                while seed in run.seeds:  # composed in an earlier run: its row is in the manifest
+    try:
+        with _bar(progress, console, int(s.tasks)) as bar:
+            task = bar.add_task("accepted", total=int(s.tasks), completed=run.accepted_count)
+            while run.accepted_count < int(s.tasks) and (pending or composed < int(s.max_candidates)):
+                while len(pending) < max(1, 2 * int(s.workers)) and composed < int(s.max_candidates):
+                    while seed in run.seeds:  # composed in an earlier run: its row is in the manifest
+                        seed += 1
+                    candidate = composer(seed)
+                    composed += 1
+                    dropped = run.precheck(seed, candidate)
+                    if dropped:
+                        run.record(dropped)
+                    else:
+                        pending[screener.submit(candidate, window, bool(s.try_compile))] = seed
                     seed += 1
-                candidate = composer(seed)
-                composed += 1
-                dropped = run.precheck(seed, candidate)
-                if dropped:
-                    run.record(dropped)
-                else:
-                    pending[screener.submit(candidate, window, bool(s.try_compile))] = seed
-                seed += 1
-            if not pending:
-                continue
-            ref, (candidate, problem, eager_ms) = screener.next_done(list(pending))
-            run.record(run.finish(pending.pop(ref), candidate, problem, eager_ms))
-            bar.update(task, completed=run.accepted_count,
-                       description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
-    screener.cancel(list(pending))  # stopped at the target: what still runs is dropped (its seeds are redone next time)
+                if not pending:
+                    continue
+                ref, (candidate, problem, eager_ms) = screener.next_done(list(pending))
+                run.record(run.finish(pending.pop(ref), candidate, problem, eager_ms))
+                bar.update(task, completed=run.accepted_count,
+                           description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
+    finally:  # at the target, on Ctrl-C or an error: what still runs is dropped (its seeds are redone next time)
+        screener.cancel(list(pending))
+        if isinstance(composer, _LLMComposer):
+            composer.close()
     minutes = (time.perf_counter() - began) / 60
     return run.report({"backend": backend, "window_ms": list(window), "minutes": round(minutes, 2),
                        "operators": len(ops), "operators_excluded": len(excluded),
@@ -109,6 +113,10 @@ class _LLMComposer:
             answers = self.loop.run_until_complete(self._ask_all(seeds))
             self.ready = dict(zip(seeds, answers))
         return self.ready.pop(seed)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.policy.close())
+        self.loop.close()
 
     async def _ask_all(self, seeds) -> list[Candidate | None]:
         return await asyncio.gather(*(self._ask(s) for s in seeds))

@@ -194,3 +194,15 @@ def test_a_policy_writes_candidates_that_go_through_the_same_filters(tmp_path, t
     # A new run asks the script from its start: the first answer again (a copy now), then the others.
     assert stages[1:] == ["near_duplicate", "compose", "static", "near_duplicate"], stages
     assert report["stages"]["accepted"] == 1
+
+
+@pytest.mark.slow
+def test_a_vllm_policy_composes_through_the_same_path(tmp_path, tiny_model_dir):
+    from configs.load import load_config
+    from launch.synth import run_synth
+
+    cfg = load_config([], [f"synth.out_dir={tmp_path}", "synth.tasks=1", "synth.workers=0", "synth.max_candidates=4",
+                           f"synth.policy=vllm:{tiny_model_dir}", f"model.path={tiny_model_dir}", "synth.max_new_tokens=64",
+                           "synth.llm_concurrency=4"])
+    report = run_synth(cfg, progress=False)  # a random model writes no program: every candidate is a compose row
+    assert report["candidates"] == 4 and report["stages"]["compose"] + report["stages"]["static"] == 4, report
