@@ -51,6 +51,7 @@ def test_the_crawl_keeps_operators_with_recipes_and_says_why_it_drops_the_rest(c
     ops, excluded = catalogue
     names = {op.name for op in ops}
     assert {"nn.Linear", "nn.GELU", "nn.LayerNorm", "F.softplus", "torch.tanh", "torch.logsumexp"} <= names
+    assert {"transformers.LlamaRMSNorm", "transformers.NewGELUActivation"} <= names  # copied into programs, decorators off
     why = {e["name"]: e["why"] for e in excluded}
     assert why["nn.Dropout"].startswith("stochastic")
     assert why["F.relu_"].startswith("in place")

@@ -1,4 +1,4 @@
-"""The crawl: seed operators from torch.nn, torch.nn.functional, torch and transformers, each with a recipe that runs.
+"""The crawl: seed operators from torch.nn, torch.nn.functional, torch and transformers (activations, norms), each with a recipe that runs.
 
 An operator (Op) is code the composer can write into a program: an optional constructor line
 (``self.{attr} = nn.LayerNorm({F})``) and a forward expression (``self.{attr}(x)``, ``F.gelu(x)``).
@@ -17,6 +17,7 @@ Every name crawled gets a verdict; what is excluded is written to the catalogue 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import textwrap
@@ -94,6 +95,10 @@ RECIPES: dict[str, Op] = {op.name: op for op in [
     _r("torch.matmul_self_t", "torch", ("seq",), "torch.matmul(x, x.transpose(-1, -2)) / x.shape[-1] ** 0.5"),
     _r("torch.residual_tanh", "torch", ALL, "x + torch.tanh(x)"),
 ]}
+# transformers' norms (its activations come from ACT2CLS); Qwen2's and Mistral's are Llama's under other names.
+TRANSFORMERS_NORMS = (("transformers.models.llama.modeling_llama", "LlamaRMSNorm"),
+                      ("transformers.models.t5.modeling_t5", "T5LayerNorm"),
+                      ("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"))
 # Elementwise torch functions tried by probing (domain-safe on any real input).
 TORCH_UNARY = ("tanh", "sigmoid", "abs", "sin", "cos", "erf", "exp", "neg", "square", "atan", "sign", "frac", "round",
                "floor", "ceil", "trunc", "log1p", "sqrt", "rsqrt", "log", "reciprocal", "expm1", "sinh", "cosh", "asinh")
@@ -124,6 +129,11 @@ def _candidates():
     except Exception:  # transformers absent or changed: its operators are simply not crawled
         return
     classes = {cls.__name__: cls for cls in (c[0] if isinstance(c, tuple) else c for c in ACT2CLS.values())}
+    for module, name in TRANSFORMERS_NORMS:
+        try:
+            classes[name] = getattr(importlib.import_module(module), name)
+        except Exception:  # a transformers release without it: not crawled
+            continue
     yield "transformers", [(f"transformers.{n}", cls) for n, cls in sorted(classes.items())]
 
 
@@ -163,6 +173,11 @@ def _transformers_op(name: str, cls) -> tuple[Op | None, str]:
     tree.body[0].decorator_list = []
     source = ast.unparse(tree)
     short = name.split(".", 1)[1]
+    sized = [p for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+             if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if sized:  # a norm: its one size is the last dimension's
+        return _checked(Op(name, "transformers", ("flat", "seq"), "self.{attr}(x)", f"{short}({{F}})", prelude=source),
+                        elementwise=True)
     return _checked(Op(name, "transformers", ALL, "self.{attr}(x)", f"{short}()", prelude=source), elementwise=True)
 
 
