@@ -38,9 +38,26 @@ def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try
         return candidate, f"the screen failed: {type(err).__name__}: {err}", None
 
 
+def check_settings(s) -> None:
+    """Refuse settings that cannot make a run, naming the field and the fix (ConfigError: one line from the CLI)."""
+    from configs.load import ConfigError
+
+    for name in ("window_ms_cpp", "window_ms_cuda"):
+        window = list(getattr(s, name))
+        if len(window) != 2 or not 0 < window[0] < window[1]:
+            raise ConfigError(f"synth.{name}={window}: give [low, high] in ms with 0 < low < high, e.g. [1.0, 100.0]")
+    for name, low in (("tasks", 1), ("max_candidates", 1), ("max_ops", 1), ("workers", 0), ("llm_concurrency", 1)):
+        if int(getattr(s, name)) < low:
+            raise ConfigError(f"synth.{name}={getattr(s, name)}: must be at least {low}")
+    for name in ("duplicate_similarity", "contamination_similarity"):
+        if not 0 < float(getattr(s, name)) <= 1:
+            raise ConfigError(f"synth.{name}={getattr(s, name)}: a Jaccard similarity in (0, 1], e.g. 0.9")
+
+
 def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dict:
     """The whole run; returns report.json's contents."""
     s = cfg.synth
+    check_settings(s)
     console = console or Console(stderr=True)
     out = Path(s.out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +100,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                 bar.update(task, completed=run.accepted_count,
                            description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
     finally:  # at the target, on Ctrl-C or an error: what still runs is dropped (its seeds are redone next time)
-        screener.cancel(list(pending))
+        screener.close(list(pending))
         if isinstance(composer, _LLMComposer):
             composer.close()
     minutes = (time.perf_counter() - began) / 60
@@ -145,7 +162,8 @@ class _Screener:
             return
         import ray
 
-        if not ray.is_initialized():
+        self.started = not ray.is_initialized()  # Ray started here is shut down here (a caller's stays up)
+        if self.started:
             import torch
 
             gpus = 1 if backend == "cuda" and torch.cuda.is_available() else 0
@@ -168,12 +186,16 @@ class _Screener:
         done, _ = ray.wait(pending, num_returns=1)
         return done[0], ray.get(done[0])
 
-    def cancel(self, pending: list) -> None:
-        if not self.local:
-            import ray
+    def close(self, pending: list) -> None:
+        """In-flight screens cancelled (their seeds are redone by a rerun), and Ray shut down if it was started here."""
+        if self.local:
+            return
+        import ray
 
-            for ref in pending:
-                ray.cancel(ref, force=True)
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if self.started:
+            ray.shutdown()
 
 
 def _rate(accepted: int, began: float) -> str:

@@ -207,3 +207,15 @@ def test_a_vllm_policy_composes_through_the_same_path(tmp_path, tiny_model_dir):
                            "synth.llm_concurrency=4"])
     report = run_synth(cfg, progress=False)  # a random model writes no program: every candidate is a compose row
     assert report["candidates"] == 4 and report["stages"]["compose"] + report["stages"]["static"] == 4, report
+
+
+@pytest.mark.parametrize("override, named", [("synth.window_ms_cpp=[100.0,1.0]", "synth.window_ms_cpp"),
+                                             ("synth.tasks=0", "synth.tasks"),
+                                             ("synth.duplicate_similarity=1.5", "synth.duplicate_similarity")])
+def test_bad_settings_are_refused_naming_the_field(tmp_path, override, named):
+    from configs.load import ConfigError, load_config
+    from launch.synth import run_synth
+
+    with pytest.raises(ConfigError, match=named):
+        run_synth(load_config([], [f"synth.out_dir={tmp_path}", override]), progress=False)
+    assert not (tmp_path / "manifest.jsonl").exists()

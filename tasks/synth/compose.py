@@ -3,8 +3,8 @@
 A chain starts from an input layout (flat, seq or image) and draws each next operator among
 those that accept the current tensor; the shape after each step is found by running the step
 on a small probe tensor (never by tracing on the meta device). Hyperparameters are drawn from
-the recipe's choices. The program's batch size is then sized so that its eager forward falls
-inside the backend's runtime window (measured here, on the cpp preset's device).
+the recipe's choices. The batch size is set later (``sized``, in the worker that then checks
+the runtime window, on the backend's device) so that the eager forward falls inside the window.
 
 Each candidate comes from one integer seed: the same seed gives the same program, so a resumed
 run skips the seeds its manifest already holds.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tasks.synth.catalogue import LAYOUTS, Op, fill, run_op
+from tasks.synth.catalogue import Op, fill, run_op
 
 # Per-sample sizes of each layout (the batch dimension is sized later); chosen so that a
 # chain's work is dominated by its operators, not the launch overhead.
