@@ -34,8 +34,10 @@ def cases(kind: str) -> list:
 def pools(tmp_path_factory) -> dict[str, EnvPool]:
     work = tmp_path_factory.mktemp("env")
     # Few repetitions: these tests prove verdicts, not speed. Short limits keep hangs cheap.
+    # No precompiled header: its background build (minutes of a core) would disturb the timed cases
+    # on a 2-core machine; tests/test_inline_pch.py covers it.
     settings = {"work_dir": str(work), "repetitions": 5, "warmup": 1, "run_timeout_s": 30.0,
-                "memory_limit_mb": 4096, "compile_timeout_s": 120.0}
+                "memory_limit_mb": 4096, "compile_timeout_s": 120.0, "pch_dir": ""}
     return {backend: EnvPool({**settings, "backend": backend}) for backend in ("cpp", "cuda")}
 
 
@@ -94,7 +96,7 @@ def test_cuda_corpus_kernel_compiles_with_the_environments_nvcc_path(tmp_path_fa
 
 
 def test_adversarial_inputs_add_extreme_sets_that_a_correct_kernel_passes(tmp_path, tasks):
-    pool = EnvPool({"work_dir": str(tmp_path), "adversarial_inputs": True, "run_timeout_s": 60.0})
+    pool = EnvPool({"work_dir": str(tmp_path), "adversarial_inputs": True, "run_timeout_s": 60.0, "pch_dir": ""})
     result = asyncio.run(pool.evaluate(tasks["level1/01_gelu"], files_of(CORPUS / "legit" / "gelu_omp"), "verify"))
     assert result.failure is None, result.message
     assert len(result.checks) == 5 + 3 and all(c.passed for c in result.checks)  # large, tiny, signed zeros and kinks

@@ -51,7 +51,7 @@ def tasks():
 def test_a_link_left_by_the_build_is_cached_as_a_link_not_as_what_it_names(tmp_path, tasks):
     secret = tmp_path / "harness.log"  # hidden from every candidate (EvalContext.private_paths)
     secret.write_text("the worker's own log, which no candidate may read\n")
-    pool = EnvPool({"work_dir": str(tmp_path), "infra_retries": 0})
+    pool = EnvPool({"work_dir": str(tmp_path), "infra_retries": 0, "pch_dir": ""})  # no background header build in the suite
     files = {"model_new.py": LINKER.replace("{target!r}", repr(str(secret)))}
     built = asyncio.run(pool.evaluate(tasks["level1/01_gelu"], files, "compile"))
     assert built.failure is None and not built.cache_hit, built.message
@@ -63,7 +63,7 @@ def test_a_link_left_by_the_build_is_cached_as_a_link_not_as_what_it_names(tmp_p
 
 @pytest.mark.slow
 def test_a_load_inline_build_is_made_once_for_the_same_files(tmp_path, tasks):
-    pool = EnvPool({"work_dir": str(tmp_path)})
+    pool = EnvPool({"work_dir": str(tmp_path), "pch_dir": ""})  # the cache alone: first build cold, second a hit
     files = files_of(CORPUS / "legit" / "swish_load_inline")
     first = asyncio.run(pool.evaluate(tasks["level1/02_swish"], files, "compile"))
     again = asyncio.run(pool.evaluate(tasks["level1/02_swish"], files, "verify"))
