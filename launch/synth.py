@@ -203,22 +203,6 @@ def _rate(accepted: int, began: float) -> str:
     return f"{accepted / minutes:.1f}/min" if minutes > 0.05 else "-"
 
 
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def add_task(self, *a, **k):
-        return 0
-
-    def update(self, *a, **k):
-        pass
-
-
-def _bar(progress: bool, console: Console, total: int):
-    if not progress:
-        return _NoBar()
+def _bar(progress: bool, console: Console, total: int) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} tasks"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not progress)

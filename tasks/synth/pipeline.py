@@ -16,6 +16,7 @@ not composed again, and the accepted tasks are indexed again from their files.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -124,6 +125,4 @@ def task_of(candidate: Candidate) -> Task:
 
 def _reason_class(reason: str) -> str:
     """A reason without its numbers, so the report groups alike ones."""
-    import re
-
     return re.sub(r"[-+]?\d[\d.e+-]*", "N", reason)[:120]
