@@ -326,6 +326,8 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
             identity.close()
         if server is not None:
             server.finish()
+        if not trusted:  # a no-op where take() refilled already (a harness with CPUs to spare)
+            pool.refill(int(rounds.payload.get("warm_servers", 0)))
 
 
 def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, bool]], sampler: CpuSampler | None,

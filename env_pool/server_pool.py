@@ -16,8 +16,10 @@ Giving a server its run (``Server.give``), in this order:
 
 The pool keeps ``env.warm_servers`` servers per start settings (ServerSpec); a request whose
 settings differ discards them and starts its own. Where the harness has few CPUs of its own,
-the waiting servers are paused (SIGSTOP) while timed rounds run, so their start-up does not
-disturb the harness's clock.
+the waiting servers are paused (SIGSTOP) while timed rounds run, and the pool is refilled only
+after a run ends (``refill``), not as a server is taken: a start-up begun as timed rounds begin
+(its fork and exec in this process, its first instants before it can be paused) disturbed the
+harness's clock on a 2-core machine.
 """
 from __future__ import annotations
 
@@ -138,15 +140,20 @@ class Server:
             shutil.rmtree(self.cwd, ignore_errors=True)
 
 
+def contended() -> bool:
+    """Whether this harness has so few CPUs that a server's start-up would disturb its timed rounds."""
+    return len(os.sched_getaffinity(0)) <= CONTENDED_CPUS
+
+
 class ServerPool:
-    """Waiting servers of one spec, refilled as they are taken."""
+    """Waiting servers of one spec, refilled as they are taken (after the run, on a contended harness)."""
 
     def __init__(self) -> None:
         self.spec: ServerSpec | None = None
         self.waiting: list[Server] = []
 
     def take(self, spec: ServerSpec, keep: int) -> Server:
-        """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep``."""
+        """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep`` unless contended."""
         if spec != self.spec:
             self.close()
             self.spec = spec
@@ -158,14 +165,19 @@ class ServerPool:
             else:  # it died while waiting (its start-up failed): not for a run
                 candidate.finish()
         server = server or Server(spec)
-        while len(self.waiting) < keep:
-            self.waiting.append(Server(spec))
+        if not contended():
+            self.refill(keep)
         return server
+
+    def refill(self, keep: int) -> None:
+        """Start servers of the current spec until ``keep`` wait."""
+        while self.spec is not None and len(self.waiting) < keep:
+            self.waiting.append(Server(self.spec))
 
     @contextlib.contextmanager
     def quiet(self, timed: bool):
         """Timed rounds on a harness with few CPUs: the waiting servers stopped meanwhile."""
-        pause = timed and len(os.sched_getaffinity(0)) <= CONTENDED_CPUS
+        pause = timed and contended()
         if pause:
             for s in self.waiting:
                 s.start.pause()

@@ -69,3 +69,23 @@ def test_without_warm_servers_every_evaluation_starts_its_own(tmp_path, gelu):
     results = [asyncio.run(pool.evaluate(gelu, files_of(CORPUS / "legit" / "gelu_omp"), "verify")) for _ in range(2)]
     assert [(r.failure, r.warm_server) for r in results] == [(None, False), (None, False)], [r.message for r in results]
     assert not list((tmp_path / "scratch").glob("server-*")), "no server waits, no folder is left"
+
+
+@pytest.mark.parametrize("is_contended", [True, False])
+def test_a_contended_harness_refills_after_the_run_not_as_a_server_is_taken(tmp_path, monkeypatch, is_contended):
+    """On a harness with few CPUs a start-up begun as timed rounds begin disturbs its clock: none starts in take()."""
+    from env_pool import server_pool
+
+    monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
+    spec = server_pool.ServerSpec(device="cpu", threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(),
+                                  trusted=False, inductor_dir="", root=str(tmp_path))
+    pool = server_pool.ServerPool()
+    try:
+        taken = pool.take(spec, keep=2)
+        assert len(pool.waiting) == (0 if is_contended else 2)
+        pool.refill(2)
+        assert len(pool.waiting) == 2 and all(s.spec == spec for s in pool.waiting)
+        taken.finish()
+    finally:
+        pool.close()
+    assert not list(tmp_path.glob("server-*")), "every server's folder goes with it"
