@@ -295,7 +295,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
 async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
     """The load_inline build: the candidate's model_new.py imported once, sandboxed, under the compile limit."""
     cfg = ctx.cfg
-    payload = {"role": "import", "backend": backend, "threads": cfg.threads}
+    payload = {"role": "import", "backend": backend, "threads": cfg.threads, "light_header": bool(cfg.light_cuda_header)}
     _, own = split_cpus(int(cfg.threads))  # off the servers' CPUs: a build must not disturb a timed run
     limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
@@ -322,6 +322,9 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     result.warm_server = bool(verdict.get("warm_server"))
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
+    base = ctx.baselines.get(key) if timed else None
+    if base is not None:  # the task's baselines stand whatever the candidate did (a sweep compares them)
+        result.eager, result.compiled = base.eager, base.compiled
     if verdict.get("failure") and not result.violations:
         kind = verdict["failure"] if verdict["failure"] in FAILURE_KINDS else "crash"  # never an unknown kind
         return _set_failure(result, kind, verdict.get("message", ""))
@@ -330,10 +333,8 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     if not verdict.get("ok") or not result.checks:
         return _set_failure(result, "infra", "the harness returned no verdict")
     if timed:
-        base = ctx.baselines.get(key)
         if base is None:
             return _set_failure(result, "infra", "no baseline timing for this task")
-        result.eager, result.compiled = base.eager, base.compiled
         if "candidate" not in verdict:  # correct, but too fast for the protocol to time: no speed milestone
             result.message = str(verdict.get("timing_note", "the candidate's time could not be resolved"))
             return

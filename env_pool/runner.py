@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from env_pool import guards
+from env_pool import guards, nvcc_light
 from env_pool.inputs import make_inputs, make_model
 from env_pool.profile import synchronize
 from env_pool.sandbox import child_exit, child_result_channel
@@ -28,6 +28,8 @@ from tasks.task import build_problem
 
 def run_import(payload: dict) -> dict:
     torch.set_num_threads(int(payload.get("threads", 1)))
+    if payload.get("backend") == "cuda" and payload.get("light_header", False):
+        nvcc_light.use_in_torch(Path.cwd() / ".nvcc-view")
     module = load_solution(Path.cwd())
     if not hasattr(module, "ModelNew"):
         return {"ok": False, "stage": "import", "error": "model_new.py does not define ModelNew"}

@@ -139,7 +139,7 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
     """The numbers a report needs from a final evaluation (EvalResult.to_dict()), flat."""
     if not final:
         return {"milestone": 0, "failure": "no_evaluation", "message": "", "violations": [], "eager_ms": None,
-                "compiled_ms": None, "candidate_ms": None, "speedup_eager": None, "speedup_compile": None, "noise": None}
+                "compiled_ms": None, "candidate_ms": None, "speedup_eager": None, "speedup_compile": None, "noise": None, "compile_s": None}
     result = EvalResult.from_dict(final)
     return {
         "milestone": int(result.milestone),
@@ -152,6 +152,7 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
         "speedup_eager": result.speedup_vs_eager,
         "speedup_compile": result.speedup_vs_compile,
         "noise": max((t.noise for t in (result.eager, result.compiled, result.candidate) if t), default=None),
+        "compile_s": round(result.compile_s, 2),  # the candidate's build (its load_inline import included); 0 on a cache hit
     }
 
 

@@ -4,7 +4,10 @@
 
 Builds a corpus case's load_inline extension once (its files and ninja commands), then runs each
 command again alone: the binding's main.cpp with and without the precompiled torch/extension.h
-(env_pool/inline_pch.py, built first if needed), the kernel's cuda.cu (nvcc), the link.
+(env_pool/inline_pch.py, built first if needed), the kernel's cuda.cu (nvcc) as written and
+through env_pool/nvcc_light.py (torch/types.h first, as written at the same time), the link.
+Last, the whole build again through nvcc_light, with the precompiled header: what the
+environment's import step runs.
 Unsandboxed: this measures the compilers, not the environment. Writes DIR/inline_build.json.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from env_pool import inline_pch  # noqa: E402
+from env_pool import inline_pch, nvcc_light  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "env_corpus"
 
@@ -31,6 +34,23 @@ def timed(cmd: str, cwd: Path, env: dict) -> tuple[float, int, str]:
     begin = time.perf_counter()
     done = subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True)
     return time.perf_counter() - begin, done.returncode, done.stdout + done.stderr
+
+
+def _cuda_home() -> str:
+    from torch.utils import cpp_extension
+
+    return cpp_extension.CUDA_HOME
+
+
+def _whole_build_light(case: str, pch: Path | None) -> dict:
+    """The build as the environment's import step runs it: nvcc_light's view, the header precompiled."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.update(TORCH_EXTENSIONS_DIR=tmp, **({"CPATH": str(pch)} if pch else {}))
+        nvcc_light.use_in_torch(Path(tmp) / "nvcc-view")
+        begin = time.perf_counter()
+        source = (CORPUS / case / "model_new.py").read_text().replace('name="', 'name="light_', 1)  # not torch's loaded module
+        exec(compile(source, "model_new.py", "exec"), {"__name__": "light_build"})
+        return {"what": f"whole build, nvcc_light{' + pch' if pch else ''}", "s": time.perf_counter() - begin, "rc": 0}
 
 
 def main() -> None:
@@ -60,10 +80,16 @@ def main() -> None:
             what = next((Path(w).name for w in shlex.split(cmd) if w.endswith((".cpp", ".cu"))), "link")
             s, rc, log = timed(cmd, build, env)
             rows.append({"what": f"{what} alone", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
+            if what == "cuda.cu":
+                view = nvcc_light.install(_cuda_home(), Path(tmp) / "nvcc-view")
+                s, rc, log = timed(cmd.replace(shlex.split(cmd)[0], str(view / "bin" / "nvcc"), 1), build, env)
+                rows.append({"what": "cuda.cu alone, nvcc_light", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
             if what == "main.cpp" and pch_ok:
                 s, rc, log = timed(cmd + " -H", build, {**env, "CPATH": str(pch)})
                 used = any(line.startswith("! ") for line in log.splitlines())
                 rows.append({"what": f"main.cpp alone, pch {'used' if used else 'NOT used'}", "s": s, "rc": rc})
+    if cuda:
+        rows.append(_whole_build_light(args.case, pch if pch_ok else None))
     (args.out / "inline_build.json").write_text(json.dumps(rows, indent=2))
     print(f"\nload_inline build of {args.case}")
     for row in rows:

@@ -81,6 +81,8 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
     )
     if all("failure" in v for v in acceptable):
         assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
+    if case.get("mode") == "full" and result.failure == "guard":  # rejected in its timed rounds, after the baselines
+        assert result.eager is not None and result.compiled is not None, "a rejected candidate still reports the task's baselines"
 
 
 CUDA_SOURCES = sorted(CORPUS.glob("*/*/kernel.cu"))

@@ -1,0 +1,84 @@
+"""env_pool/nvcc_light.py: a load_inline kernel file built against the light torch/extension.h, the real one as fallback.
+
+Real nvcc on tiny files. The build's include path has a small stand-in torch/ (types.h and an
+extension.h that defines FULL_ONLY), so the light build finds the light extension.h and the
+stand-in types.h, and the full build the stand-in extension.h: a file that checks FULL_ONLY
+builds only as written. torch's own headers are exercised on the GPU (the corpus's
+legit/gelu_load_inline_cuda, scripts/bench_inline_build.py).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from env_pool import nvcc_light
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+
+
+def real_home() -> Path:
+    return Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda").resolve()
+
+
+@pytest.fixture
+def build(tmp_path):
+    """A build folder with the stand-in torch headers and a view of the toolkit, as the import child gets it."""
+    (tmp_path / "inc" / "torch").mkdir(parents=True)
+    (tmp_path / "inc" / "torch" / "types.h").write_text("#pragma once\n#define STAND_IN_TYPES 1\n")
+    (tmp_path / "inc" / "torch" / "extension.h").write_text("#pragma once\n#include <torch/types.h>\n#define FULL_ONLY 1\n")
+    view = nvcc_light.install(str(real_home()), tmp_path / "view")
+    return tmp_path, view
+
+
+def compile_cu(folder: Path, view: Path, source: str) -> subprocess.CompletedProcess:
+    (folder / "cuda.cu").write_text(source)
+    # torch's ninja rule for a .cu file, in small
+    cmd = [str(view / "bin" / "nvcc"), "--generate-dependencies-with-compile", "--dependency-output", "cuda.cuda.o.d",
+           f"-I{folder / 'inc'}", "-c", str(folder / "cuda.cu"), "-o", "cuda.cuda.o"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+KERNEL = "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+
+
+def test_a_file_that_builds_light_keeps_the_light_object(build):
+    folder, view = build
+    done = compile_cu(folder, view, "#include <torch/extension.h>\n#ifndef STAND_IN_TYPES\n#error no types\n#endif\n" + KERNEL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (folder / "cuda.cuda.o").is_file() and not list(folder.glob("*.light*")), "the light object became the build's"
+    deps = (folder / "cuda.cuda.o.d").read_text()
+    assert deps.split(":")[0].strip() == "cuda.cuda.o", deps[:200]
+    assert "light_headers/torch/extension.h" in deps and "inc/torch/extension.h" not in deps, "built against the light header"
+
+
+def test_a_file_that_needs_the_whole_header_is_built_as_written(build):
+    folder, view = build
+    done = compile_cu(folder, view, "#include <torch/extension.h>\n#ifndef FULL_ONLY\n#error needs the whole header\n#endif\n" + KERNEL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    deps = (folder / "cuda.cuda.o.d").read_text()
+    assert "inc/torch/extension.h" in deps and "light_headers" not in deps
+    assert not list(folder.glob("*.light*"))
+
+
+def test_an_error_is_reported_from_the_build_as_written(build):
+    folder, view = build
+    done = compile_cu(folder, view, "#include <torch/extension.h>\n#ifdef FULL_ONLY\n#error the full header's own error\n#endif\n"
+                                    "#ifndef FULL_ONLY\nint broken(\n#endif\n" + KERNEL)
+    assert done.returncode != 0
+    assert "the full header's own error" in done.stdout + done.stderr
+    assert "broken" not in done.stdout + done.stderr, "the light build's messages are not the agent's to read"
+
+
+def test_other_nvcc_calls_pass_straight_through(build):
+    _, view = build
+    done = subprocess.run([str(view / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and "Cuda compilation tools" in done.stdout
+    assert (view / "include").resolve() == (real_home() / "include").resolve()
