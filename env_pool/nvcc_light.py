@@ -45,8 +45,9 @@ def install(real_home: str, folder: Path | None = None) -> Path:
         if tool.name != "nvcc":
             (view / "bin" / tool.name).symlink_to(tool)
     nvcc = view / "bin" / "nvcc"
+    # Run by its path: it needs nothing but the standard library, whatever the caller's PYTHONPATH.
     nvcc.write_text("#!/bin/sh\n"
-                    f"exec {shlex.quote(sys.executable)} -P -m env_pool.nvcc_light {shlex.quote(str(real / 'bin' / 'nvcc'))} \"$@\"\n")
+                    f"exec {shlex.quote(sys.executable)} -P {shlex.quote(str(Path(__file__).resolve()))} {shlex.quote(str(real / 'bin' / 'nvcc'))} \"$@\"\n")
     nvcc.chmod(0o755)
     return view
 
