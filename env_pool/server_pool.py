@@ -15,11 +15,14 @@ Giving a server its run (``Server.give``), in this order:
   written: its wall-clock limit runs from there.
 
 The pool keeps ``env.warm_servers`` servers per start settings (ServerSpec); a request whose
-settings differ discards them and starts its own. Where the harness has few CPUs of its own,
+settings differ discards them and starts its own. Where a start-up would disturb a timed run,
 the waiting servers are paused (SIGSTOP) while timed rounds run, and the pool is refilled only
-after a run ends (``refill``), not as a server is taken: a start-up begun as timed rounds begin
-(its fork and exec in this process, its first instants before it can be paused) disturbed the
-harness's clock on a 2-core machine.
+after a run ends (``refill``), not as a server is taken (a start-up begun as timed rounds begin
+escapes the pause in its first instants). That is so on a harness with few CPUs of its own (on
+2 cores, a start-up disturbed the harness's clock: the eager baseline at the clock's floor),
+and on a GPU, whatever the CPUs: a start-up's CUDA context and first kernels share the device
+with the timed run (on the H100, three of a sweep's first baselines, timed while six servers
+started, came out 2.2-3.7x slower than KernelBench's, with IQRs of 56-92% of their median).
 """
 from __future__ import annotations
 
@@ -146,14 +149,14 @@ def contended() -> bool:
 
 
 class ServerPool:
-    """Waiting servers of one spec, refilled as they are taken (after the run, on a contended harness)."""
+    """Waiting servers of one spec, refilled as they are taken (after the run, where timed rounds are shielded)."""
 
     def __init__(self) -> None:
         self.spec: ServerSpec | None = None
         self.waiting: list[Server] = []
 
     def take(self, spec: ServerSpec, keep: int) -> Server:
-        """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep`` unless contended."""
+        """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep`` unless shielded."""
         if spec != self.spec:
             self.close()
             self.spec = spec
@@ -165,7 +168,7 @@ class ServerPool:
             else:  # it died while waiting (its start-up failed): not for a run
                 candidate.finish()
         server = server or Server(spec)
-        if not contended():
+        if not self.shielded():
             self.refill(keep)
         return server
 
@@ -177,7 +180,7 @@ class ServerPool:
     @contextlib.contextmanager
     def quiet(self, timed: bool):
         """Timed rounds on a harness with few CPUs: the waiting servers stopped meanwhile."""
-        pause = timed and contended()
+        pause = timed and self.shielded()
         if pause:
             for s in self.waiting:
                 s.start.pause()
@@ -187,6 +190,10 @@ class ServerPool:
             if pause:
                 for s in self.waiting:
                     s.start.resume()
+
+    def shielded(self) -> bool:
+        """Whether timed rounds are shielded from start-ups: waiting servers paused, the pool refilled after the run."""
+        return contended() or (self.spec is not None and self.spec.device == "cuda")
 
     def close(self) -> None:
         for s in self.waiting:

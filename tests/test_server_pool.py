@@ -89,3 +89,15 @@ def test_a_contended_harness_refills_after_the_run_not_as_a_server_is_taken(tmp_
     finally:
         pool.close()
     assert not list(tmp_path.glob("server-*")), "every server's folder goes with it"
+
+
+@pytest.mark.parametrize("device, is_contended, shielded", [("cuda", False, True), ("cpu", False, False), ("cpu", True, True)])
+def test_timed_rounds_on_a_gpu_are_shielded_from_start_ups_whatever_the_cpus(monkeypatch, device, is_contended, shielded):
+    """A start-up's CUDA context and first kernels share the device with a timed run (H100: baselines 2-4x slow)."""
+    from env_pool import server_pool
+
+    monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
+    pool = server_pool.ServerPool()
+    pool.spec = server_pool.ServerSpec(device=device, threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(),
+                                       cpus=(), trusted=False, inductor_dir="", root="/nonexistent")
+    assert pool.shielded() is shielded
