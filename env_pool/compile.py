@@ -104,15 +104,16 @@ def compile_kernel(
     arch: str | None = None,
     extra_flags: Iterable[str] = (),
     memory_mb: int = DEFAULT_COMPILE_MEMORY_MB,
+    cpus: tuple[int, ...] = (),
 ) -> CompileResult:
-    """Compile a candidate's kernel into a cached shared library; see the module docstring."""
+    """Compile a candidate's kernel into a cached shared library, on ``cpus`` (empty: anywhere); see the module docstring."""
     start = time.perf_counter()
-    result = _compile(files, backend, Path(cache_dir), timeout_s, arch, tuple(extra_flags), memory_mb)
+    result = _compile(files, backend, Path(cache_dir), timeout_s, arch, tuple(extra_flags), memory_mb, tuple(cpus))
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags, memory_mb) -> CompileResult:
+def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags, memory_mb, cpus) -> CompileResult:
     spec = BACKENDS.get(backend)
     if spec is None:  # the task's configuration is wrong, not the candidate
         raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(BACKENDS)}")
@@ -126,7 +127,7 @@ def _compile(files, backend, cache_dir: Path, timeout_s, arch, extra_flags, memo
     if cached is not None:
         return cached
     try:
-        return _build(files, spec, flags, cache_dir, key, timeout_s, memory_mb)
+        return _build(files, spec, flags, cache_dir, key, timeout_s, memory_mb, cpus)
     except OSError as e:  # temp dir or cache unwritable: the machine's fault, not the candidate's
         return _failure(f"compile environment error: {e}", key=key, infra=True)
 
@@ -249,7 +250,8 @@ def _store(data: bytes, target: Path) -> None:
 
 # ----------------------------------------------------------------------------- building
 
-def _build(files, spec: BackendSpec, flags, cache_dir: Path, key: str, timeout_s: float, memory_mb: int) -> CompileResult:
+def _build(files, spec: BackendSpec, flags, cache_dir: Path, key: str, timeout_s: float, memory_mb: int,
+           cpus: tuple[int, ...]) -> CompileResult:
     with tempfile.TemporaryDirectory(prefix="cuda-agent-compile-") as tmp:
         work = Path(tmp)
         for name, text in files.items():
@@ -260,7 +262,7 @@ def _build(files, spec: BackendSpec, flags, cache_dir: Path, key: str, timeout_s
         # Relative names in a private cwd keep the temp dir out of most messages.
         cmd = [spec.compiler, *flags, spec.source, "-o", "kernel.so"]
         try:
-            outcome = _run_compiler(cmd, work, timeout_s, memory_mb)
+            outcome = _run_compiler(cmd, work, timeout_s, memory_mb, cpus)
         except SandboxError as e:  # the machine cannot isolate the compiler: never run it bare
             return _failure(f"compile sandbox unavailable: {e}", key=key, infra=True)
         if outcome.timed_out or outcome.cpu_limited:
@@ -299,7 +301,7 @@ def _exit_status(outcome: SandboxOutcome) -> int:
         return -1
 
 
-def _run_compiler(cmd: list[str], cwd: Path, timeout_s: float, memory_mb: int) -> SandboxOutcome:
+def _run_compiler(cmd: list[str], cwd: Path, timeout_s: float, memory_mb: int, cpus: tuple[int, ...] = ()) -> SandboxOutcome:
     """Run the compiler in the sandbox; raises SandboxError when COMPILE_ISOLATION is not to be had.
 
     The sandbox kills the whole tree at the limits (nvcc's cicc, ptxas and g++ too, not just
@@ -312,6 +314,7 @@ def _run_compiler(cmd: list[str], cwd: Path, timeout_s: float, memory_mb: int) -
         max_output_chars=MAX_OUTPUT_BYTES,
         visible_paths=toolchain_view(),
         required_isolation=COMPILE_ISOLATION,
+        cpus=cpus,
     )
     return run_sandboxed(cmd, b"", cwd, limits, env=compiler_env(cwd), inherit_env=False)
 

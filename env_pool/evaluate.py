@@ -45,6 +45,7 @@ RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
 HARNESS_START_S = 120.0  # a (re)start of the harness (torch, CUDA, the reference) on top of its servers' limits
 UNTIMEABLE_STRIKES = 3  # baseline measurements in a row within the protocol's noise before a task's speed goes unjudged
+HARNESS_CPUS = 2  # the harness's own CPUs where the worker has more than servers + this: its spinning thread, its sampler
 UNTIMEABLE_TTL_S = 1800.0  # how long that lasts before the baselines are measured again (a loaded machine may have caused it)
 
 
@@ -92,8 +93,7 @@ class EvalContext:
     def harness(self) -> HarnessProcess:
         """The worker's trusted harness, started on first use; it spins on CPUs other than the servers'."""
         if self._harness is None:
-            _, own = split_cpus(int(self.cfg.threads))
-            self._harness = HarnessProcess(self.work_dir / "harness.log", own,
+            self._harness = HarnessProcess(self.work_dir / "harness.log", split_cpus(int(self.cfg.threads)).harness,
                                            {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         return self._harness
 
@@ -185,7 +185,8 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
 async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     spec = BACKENDS[backend]
     if spec.source in files:
-        built = await asyncio.to_thread(compile_kernel, files, backend, ctx.work_dir / "kernels", ctx.cfg.compile_timeout_s)
+        built = await asyncio.to_thread(compile_kernel, files, backend, ctx.work_dir / "kernels", ctx.cfg.compile_timeout_s,
+                                        cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
         result.compile_s, result.cache_hit, result.compile_log = built.seconds, built.cache_hit, built.log
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
@@ -262,27 +263,41 @@ def _plausible(base: Baseline) -> bool:
     return all(t.median_ms > 2 * MIN_NET_MS and t.iqr_ms < 2 * t.median_ms for t in (base.eager, base.compiled))
 
 
-def split_cpus(threads: int) -> tuple[list[int], list[int]]:
-    """(the servers' CPUs, the harness's): the first ``threads`` of this process's set, and the rest.
+@dataclass(frozen=True)
+class CpuPlan:
+    """Which of the worker's CPUs do what: timed runs, the clock, and everything else."""
+
+    servers: list[int]  # the candidates' and the baselines' servers, in their runs
+    harness: list[int]  # the harness: it spins on them and keeps the clock, so nothing else is put there
+    builds: list[int]  # compiles, load_inline imports, servers' start-ups, the precompiled header's build
+
+
+def split_cpus(threads: int) -> CpuPlan:
+    """The first ``threads`` of this process's CPUs for the servers, the next HARNESS_CPUS for the harness, the rest for builds.
 
     The candidate and the baselines run on the same CPUs with the same thread count, so more
-    threads than the reference is never a speedup; the harness spins on CPUs of its own where
-    there are any, so its clock does not steal the servers' time.
+    threads than the reference is never a speedup. The harness has CPUs of its own where there
+    are enough: on the H100 machine, twelve load_inline builds on its CPUs made a sweep's first
+    baselines time 2.7-3.9x slower than KernelBench's (IQRs of 98-100% of the median). With few
+    CPUs, the harness and the builds share what is left (and the servers' start-ups are paused
+    during timed rounds: env_pool/server_pool.py).
     """
     mine = sorted(os.sched_getaffinity(0))
     servers = mine[:max(1, threads)]
-    return servers, (mine[len(servers):] or mine)
+    rest = mine[len(servers):] or mine
+    harness = rest[:HARNESS_CPUS] if len(rest) > HARNESS_CPUS else rest
+    return CpuPlan(servers, harness, rest[len(harness):] or harness)
 
 
 async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict:
     """One request to the worker's warm trusted harness (env_pool/harness_process.py)."""
     cfg = ctx.cfg
-    servers, _ = split_cpus(int(cfg.threads))
+    plan = split_cpus(int(cfg.threads))
     # Pinned on every backend while the code sampler runs: it samples the servers' CPUs only.
     pinned = backend == "cpp" or bool(cfg.code_sampling)
     required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if pinned else [])
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
-               "threads": int(cfg.threads), "cpus": servers, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
+               "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "warm_servers": int(cfg.warm_servers),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
@@ -296,7 +311,7 @@ async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
     """The load_inline build: the candidate's model_new.py imported once, sandboxed, under the compile limit."""
     cfg = ctx.cfg
     payload = {"role": "import", "backend": backend, "threads": cfg.threads, "light_header": bool(cfg.light_cuda_header)}
-    _, own = split_cpus(int(cfg.threads))  # off the servers' CPUs: a build must not disturb a timed run
+    own = split_cpus(int(cfg.threads)).builds  # off the servers' and the harness's CPUs: a build must not disturb a timed run
     limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
     env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / EXTENSIONS),

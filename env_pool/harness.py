@@ -253,7 +253,8 @@ def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
                       wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]),
                       hidden=() if trusted else tuple(p["hidden"]),
                       required=() if trusted else tuple(p.get("required_isolation", ())),
-                      cpus=tuple(int(c) for c in p.get("cpus", ())), trusted=trusted,
+                      cpus=tuple(int(c) for c in p.get("cpus", ())), startup_cpus=tuple(int(c) for c in p.get("startup_cpus", ())),
+                      trusted=trusted,
                       inductor_dir=str(p["inductor_dir"]) if trusted else "", root=str(Path(p["scratch"]).parent))
 
 

@@ -10,7 +10,7 @@ Giving a server its run (``Server.give``), in this order:
 - the candidate's files are moved into the server's own folder (its cwd and only writable
   folder, fixed when the sandbox was built); the sealed libraries keep their inodes;
 - the round memory's file descriptors go over a socket (SCM_RIGHTS): they exist per task;
-- the server's processes are moved from the harness's CPUs, where the start-up ran, to the
+- the server's processes are moved from the builds' CPUs, where the start-up ran, to the
   servers' sampled CPUs, every thread checked (sandbox.WarmStart), and only then is its payload
   written: its wall-clock limit runs from there.
 
@@ -60,6 +60,7 @@ class ServerSpec:
     hidden: tuple[str, ...]  # paths the server must not see
     required: tuple[str, ...]  # isolation it must have (sandbox.UNTRUSTED_ISOLATION, cpu-affinity)
     cpus: tuple[int, ...]  # the servers' CPUs, where it runs once given (empty: anywhere)
+    startup_cpus: tuple[int, ...]  # where its start-up runs until it is given (empty: the harness's own)
     trusted: bool  # serves the baselines: writes the shared inductor cache, no read-only root
     inductor_dir: str  # a trusted server's shared inductor cache ("" for candidates: their own folder's)
     root: str  # the folder that holds each server's own working folder
@@ -87,8 +88,8 @@ class Server:
                                required_isolation=spec.required,
                                # The baselines' server writes the shared inductor cache; it runs trusted code only.
                                skip_isolation=("readonly-root",) if spec.trusted else (),
-                               # Start-up runs on the harness's CPUs; give() moves it to the servers'.
-                               cpus=tuple(sorted(os.sched_getaffinity(0))) if spec.cpus else ())
+                               # Start-up runs off the servers' and the harness's CPUs; give() moves it to the servers'.
+                               cpus=(spec.startup_cpus or tuple(sorted(os.sched_getaffinity(0)))) if spec.cpus else ())
         env = {"OMP_NUM_THREADS": str(spec.threads), "TORCH_EXTENSIONS_DIR": str(self.cwd / EXTENSIONS),
                "TORCHINDUCTOR_CACHE_DIR": spec.inductor_dir or str(self.cwd / ".inductor"),
                # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a

@@ -97,3 +97,17 @@ def test_verify_rejects_non_contiguous_and_wrong_device():
 def test_constant_outputs_do_not_vary_with_inputs():
     assert not varies_with_inputs([[torch.zeros(3)], [torch.zeros(3)]])
     assert varies_with_inputs([[torch.zeros(3)], [torch.ones(3)]])
+
+
+@pytest.mark.parametrize("cpus, threads, plan", [
+    (list(range(16)), 4, ([0, 1, 2, 3], [4, 5], list(range(6, 16)))),  # the H100 host: the harness keeps two CPUs to itself
+    ([0, 1], 1, ([0], [1], [1])),  # this 2-core machine: the harness and the builds share what is left
+    ([0, 1, 2, 3], 1, ([0], [1, 2], [3])),
+    ([0, 1, 2], 1, ([0], [1, 2], [1, 2])),
+])
+def test_the_harness_keeps_cpus_of_its_own_where_there_are_enough(monkeypatch, cpus, threads, plan):
+    from env_pool import evaluate
+
+    monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda _: set(cpus))
+    got = evaluate.split_cpus(threads)
+    assert (got.servers, got.harness, got.builds) == plan

@@ -77,7 +77,7 @@ def test_a_contended_harness_refills_after_the_run_not_as_a_server_is_taken(tmp_
     from env_pool import server_pool
 
     monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
-    spec = server_pool.ServerSpec(device="cpu", threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(),
+    spec = server_pool.ServerSpec(device="cpu", threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(), startup_cpus=(),
                                   trusted=False, inductor_dir="", root=str(tmp_path))
     pool = server_pool.ServerPool()
     try:
@@ -99,5 +99,5 @@ def test_timed_rounds_on_a_gpu_are_shielded_from_start_ups_whatever_the_cpus(mon
     monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
     pool = server_pool.ServerPool()
     pool.spec = server_pool.ServerSpec(device=device, threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(),
-                                       cpus=(), trusted=False, inductor_dir="", root="/nonexistent")
+                                       cpus=(), startup_cpus=(), trusted=False, inductor_dir="", root="/nonexistent")
     assert pool.shielded() is shielded
