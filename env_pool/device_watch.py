@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from env_pool.evaluate import EvalContext
+from env_pool.harness import out_of_memory
 from env_pool.results import EvalResult
 from env_pool.sandbox import SandboxError, SandboxLimits, run_sandboxed
 
@@ -147,6 +148,9 @@ class DeviceWatch:
         if outcome.timed_out:
             return False, f"initialising CUDA and one small kernel took longer than {limit_s:g} s"
         if outcome.failure or PROBE_OK not in outcome.output:
+            if out_of_memory(outcome.output):  # the device's memory is taken (by our own harness and servers), not broken
+                return True, ""
             lines = [line for line in outcome.output.strip().splitlines() if line.strip()]
-            return False, (lines[-1] if lines else f"the probe exited with {outcome.failure or outcome.returncode}")[:500]
+            errors = [line for line in lines if "error" in line.lower()]  # torch's advice lines come last
+            return False, ((errors or lines)[0] if lines else f"the probe exited with {outcome.failure or outcome.returncode}")[:500]
         return True, ""

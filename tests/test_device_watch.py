@@ -75,3 +75,22 @@ def test_gpu_workers_are_watched_and_cpu_workers_are_not(tmp_path):
     assert pool.watch.enabled and pool.health()["healthy"] is True
     cpu_pool = EnvPool({"work_dir": str(tmp_path)})
     assert not cpu_pool.watch.enabled and cpu_pool.ctx.after_timeout is None
+
+
+def probe_printing(*lines: str) -> str:
+    return "import sys\n" + "".join(f"print({line!r})\n" for line in lines) + "sys.exit(1)\n"
+
+
+def test_a_probe_out_of_memory_leaves_the_worker_in_service_and_a_real_failure_is_named(tmp_path, monkeypatch):
+    """Memory held by the worker's own harness and servers is not a broken device (the H100 sweep lost a worker to it)."""
+    from env_pool import device_watch
+
+    pool = watched_pool(tmp_path, utilisation=lambda seconds: [0] * 3)
+    advice = "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."
+    monkeypatch.setattr(device_watch, "PROBE", probe_printing("torch.OutOfMemoryError: CUDA error: out of memory", advice))
+    asyncio.run(pool.watch.examine("failed"))
+    assert pool.health()["healthy"] is True and not pool.ctx.unhealthy
+    monkeypatch.setattr(device_watch, "PROBE", probe_printing("RuntimeError: CUDA error: an illegal memory access was encountered", advice))
+    asyncio.run(pool.watch.examine("failed"))
+    reason = pool.health()["unhealthy_reason"]
+    assert pool.health()["healthy"] is False and "illegal memory access" in reason, reason

@@ -129,3 +129,40 @@ def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp
         assert again["failure"] == "infra" and harness.starts == 2
     finally:
         harness.close()
+
+
+@pytest.mark.parametrize("message, oom", [
+    ("the harness failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total capacity", True),
+    ("the harness failed: RuntimeError: cuMemCreate failed with CUresult 2", True),  # as the H100 sweep reported it
+    ("the harness failed: RuntimeError: cuMemCreate failed with CUresult 20", False),
+    ("the baselines measured implausibly", False),
+])
+def test_out_of_memory_is_recognised_as_torch_and_the_driver_word_it(message, oom):
+    from env_pool.harness import out_of_memory
+
+    assert out_of_memory(message) is oom
+
+
+def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_tasks(monkeypatch):
+    """Real cached tasks (references, round memory); the device's OOM itself cannot happen on this CPU machine."""
+    from env_pool import harness
+    from tasks.loader import load_tasks
+
+    tasks = {t.id: t for t in load_tasks()[0]}
+    payload = {tid: {"task": tasks[tid].to_dict(), "backend": "cpp", "threads": 1} for tid in ("level1/01_gelu", "level1/02_swish")}
+    cache = harness.TaskCache()
+    cache.get(payload["level1/02_swish"])
+    seen = []
+
+    def evaluate_rounds(rounds, pool, request):
+        seen.append(sorted(k[0] for k in cache.entries))
+        if len(seen) == 1:
+            return {"ok": False, "failure": "infra", "message": "the harness failed: RuntimeError: cuMemCreate failed with CUresult 2"}
+        return {"ok": True}
+
+    monkeypatch.setattr(harness, "evaluate_rounds", evaluate_rounds)
+    assert harness.handle(payload["level1/01_gelu"], cache, None) == {"ok": True}
+    assert seen == [["level1/01_gelu", "level1/02_swish"], ["level1/01_gelu"]], "tried again with the others dropped"
+    seen.clear()
+    verdict = harness.handle(payload["level1/01_gelu"], cache, None)
+    assert verdict["failure"] == "infra" and len(seen) == 1, "alone in the cache, an OOM is the verdict: no loop"
