@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# A KernelBench sweep of known solutions on a GPU, and our baselines against KernelBench's published ones.
+#
+#   bash scripts/kernelbench_sweep.sh KERNELBENCH_DIR RUN_DIR [LEVEL_FOLDER ...] [-- key=value ...]
+#
+# Writes the solutions (scripts/kernelbench_solutions.py: real kernels for level 1's activations,
+# reference copies elsewhere, which must be refused) to RUN_DIR/solutions, runs `cuda-agent eval
+# --solutions` on the GPU preset into RUN_DIR/eval (resumable: run it again to continue), and
+# compares the baselines into RUN_DIR (baselines.md, baselines.json).
+set -euo pipefail
+kb=$1; run=$2; shift 2
+folders=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do folders+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+[ ${#folders[@]} -gt 0 ] || folders=("$kb/level1")
+here="$(cd "$(dirname "$0")/.." && pwd)"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+[ -d "$run/solutions" ] || python "$here/scripts/kernelbench_solutions.py" --out "$run/solutions" --levels 1 2 3 --kernelbench "$kb"
+python -m launch.cli eval "$here/configs/gpu-1xh100.yaml" --solutions "$run/solutions" --tasks "${folders[@]}" --out "$run/eval" \
+  eval.max_autotune=false "$@"
+python "$here/scripts/compare_baselines.py" "$run/eval" --out "$run" --timing "$kb/results/timing/H100_Modal"
