@@ -44,8 +44,8 @@ SOLUTION_FILE = "model_new.py"
 RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
 HARNESS_START_S = 120.0  # a (re)start of the harness (torch, CUDA, the reference) on top of its servers' limits
-UNTIMEABLE_STRIKES = 3  # baseline measurements in a row within the protocol's noise before a task's speed goes unjudged
 HARNESS_CPUS = 2  # the harness's own CPUs where the worker has more than servers + this: its spinning thread, its sampler
+UNTIMEABLE_STRIKES = 3  # baseline measurements in a row within the protocol's noise before a task's speed goes unjudged
 UNTIMEABLE_TTL_S = 1800.0  # how long that lasts before the baselines are measured again (a loaded machine may have caused it)
 
 
@@ -278,7 +278,7 @@ def split_cpus(threads: int) -> CpuPlan:
     The candidate and the baselines run on the same CPUs with the same thread count, so more
     threads than the reference is never a speedup. The harness has CPUs of its own where there
     are enough: on the H100 machine, twelve load_inline builds on its CPUs made a sweep's first
-    baselines time 2.7-3.9x slower than KernelBench's (IQRs of 98-100% of the median). With few
+    baselines time 2.8-3.8x slower than KernelBench's (IQRs of 98-100% of the median). With few
     CPUs, the harness and the builds share what is left (and the servers' start-ups are paused
     during timed rounds: env_pool/server_pool.py).
     """

@@ -21,8 +21,9 @@ after a run ends (``refill``), not as a server is taken (a start-up begun as tim
 escapes the pause in its first instants). That is so on a harness with few CPUs of its own (on
 2 cores, a start-up disturbed the harness's clock: the eager baseline at the clock's floor),
 and on a GPU, whatever the CPUs: a start-up's CUDA context and first kernels share the device
-with the timed run (on the H100, three of a sweep's first baselines, timed while six servers
-started, came out 2.2-3.7x slower than KernelBench's, with IQRs of 56-92% of their median).
+with the timed run (on the H100 a sweep's first baselines, timed while six servers started and
+load_inline builds ran, came out 2.2-3.8x slower than KernelBench's; the builds now keep off the
+harness's CPUs: split_cpus in env_pool/evaluate.py).
 """
 from __future__ import annotations
 
