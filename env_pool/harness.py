@@ -531,9 +531,13 @@ class TaskCache:
         self.size = size
         self.entries: dict[tuple, Rounds] = {}
 
-    def get(self, payload: dict) -> Rounds:
+    @staticmethod
+    def key(payload: dict) -> tuple:
         task = payload["task"]
-        key = (task["id"], hash(task["source"]), payload["backend"], int(payload["threads"]))
+        return task["id"], hash(task["source"]), payload["backend"], int(payload["threads"])
+
+    def get(self, payload: dict) -> Rounds:
+        key = self.key(payload)
         rounds = self.entries.pop(key, None) or Rounds(payload)
         self.entries[key] = rounds  # most recent last
         while len(self.entries) > self.size:
@@ -543,8 +547,7 @@ class TaskCache:
 
     def keep_only(self, payload: dict) -> bool:
         """Drop every task but the request's (their references and inputs free the device's memory); True if any was."""
-        task = payload["task"]
-        others = [k for k in self.entries if k[:2] != (task["id"], hash(task["source"]))]
+        others = [k for k in self.entries if k != self.key(payload)]
         for key in others:
             self.entries.pop(key).close()
         if others:

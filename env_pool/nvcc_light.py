@@ -24,18 +24,17 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 LIGHT = Path(__file__).resolve().parent / "light_headers"  # holds the light torch/extension.h
 
 
-def install(real_home: str, folder: Path | None = None) -> Path:
-    """A view of the toolkit at ``real_home`` with this module as its nvcc; returns the view's root.
+def install(real_home: str, folder: Path) -> Path:
+    """A view in ``folder`` of the toolkit at ``real_home``, with this module as its nvcc; returns ``folder``.
 
     Everything but bin/ is a link to the real toolkit; bin/ links each real tool but nvcc.
     """
-    view = Path(folder or tempfile.mkdtemp(prefix="nvcc-view-"))
+    view = Path(folder)
     real = Path(real_home)
     (view / "bin").mkdir(parents=True, exist_ok=True)
     for entry in real.iterdir():
@@ -96,10 +95,6 @@ def _settle(light_out: str, out: str, args: list[str]) -> None:
         light_deps.unlink()
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 def use_in_torch(folder: Path) -> bool:
     """Point this process's torch.utils.cpp_extension at a view in ``folder``; False where torch found no toolkit.
 
@@ -111,3 +106,8 @@ def use_in_torch(folder: Path) -> bool:
         return False
     cpp_extension.CUDA_HOME = str(install(cpp_extension.CUDA_HOME, folder))
     return True
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
