@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool import inline_pch
+from env_pool import cuda_arch, inline_pch
 from env_pool.code_sampler import EXTENSIONS, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
@@ -204,8 +204,7 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         shutil.copytree(cached, scratch / EXTENSIONS, symlinks=True)
         result.cache_hit = True
     else:
-        outcome = await _import_child(ctx, backend, scratch)
-        payload = _decode(outcome)
+        outcome, payload = await _import_step(ctx, backend, scratch)
         if outcome.failure or not payload.get("ok"):
             result.compile_s = time.perf_counter() - begin
             result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
@@ -307,15 +306,40 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     return await asyncio.to_thread(ctx.harness.request, payload, limit)
 
 
-async def _import_child(ctx, backend, scratch) -> SandboxOutcome:
-    """The load_inline build: the candidate's model_new.py imported once, sandboxed, under the compile limit."""
+async def _import_step(ctx, backend, scratch) -> tuple[SandboxOutcome, dict]:
+    """The load_inline build, off the device where it can be (an import on it would share it with timed runs).
+
+    On the cuda backend the import child runs without the GPU, torch given the device's
+    architecture instead (TORCH_CUDA_ARCH_LIST, as its load_inline would pick it: env_pool/cuda_arch.py).
+    A solution whose import needs the device is imported again with it, holding the timing lane:
+    nothing is timed while a candidate's code has the device outside its own run.
+    """
+    arch = ""
+    if backend == "cuda":
+        if cuda_arch.known() is None:
+            async with ctx.timing_lane():  # once per worker: the probe makes a CUDA context on the device
+                await asyncio.to_thread(cuda_arch.arch_list)
+        arch = cuda_arch.arch_list()
+    outcome = await _import_child(ctx, backend, scratch, gpu=backend == "cuda" and not arch, arch=arch)
+    payload = _decode(outcome)
+    if arch and not payload.get("ok") and cuda_arch.needs_device(f"{payload.get('error', '')}\n{outcome.output}"):
+        async with ctx.timing_lane():
+            outcome = await _import_child(ctx, backend, scratch, gpu=True)
+        payload = _decode(outcome)
+    return outcome, payload
+
+
+async def _import_child(ctx, backend, scratch, gpu: bool, arch: str = "") -> SandboxOutcome:
+    """The candidate's model_new.py imported once, sandboxed, under the compile limit; with the GPU or without."""
     cfg = ctx.cfg
     payload = {"role": "import", "backend": backend, "threads": cfg.threads, "light_header": bool(cfg.light_cuda_header)}
     own = split_cpus(int(cfg.threads)).builds  # off the servers' and the harness's CPUs: a build must not disturb a timed run
-    limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=backend == "cuda",
+    limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=gpu,
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))
     env = {"OMP_NUM_THREADS": str(cfg.threads), "TORCH_EXTENSIONS_DIR": str(scratch / EXTENSIONS),
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / ".inductor"), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
     pch = inline_pch.ready_dir(Path(cfg.pch_dir), backend, own) if cfg.pch_dir else None
     if pch is not None:  # torch's headers precompiled: GCC looks on CPATH before torch's own include dirs
         env["CPATH"] = str(pch)

@@ -111,3 +111,27 @@ def test_the_harness_keeps_cpus_of_its_own_where_there_are_enough(monkeypatch, c
     monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda _: set(cpus))
     got = evaluate.split_cpus(threads)
     assert (got.servers, got.harness, got.builds) == plan
+
+
+@pytest.mark.parametrize("flags, arch", [
+    (["-gencode=arch=compute_90a,code=sm_90a"], "9.0a"),  # what torch picked on the H100 host
+    (["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"], "8.0+PTX"),
+    (["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90", "-O3"], "8.0;9.0"),
+    ([], ""),
+])
+def test_the_import_childs_architecture_is_read_back_from_torchs_own_gencode_flags(flags, arch):
+    from env_pool.cuda_arch import arch_list_from_flags
+
+    assert arch_list_from_flags(flags) == arch
+
+
+@pytest.mark.parametrize("log, needs", [
+    ("RuntimeError: No CUDA GPUs are available", True),
+    ("RuntimeError: Found no NVIDIA driver on your system.", True),
+    ("RuntimeError: Error building extension 'x': ... No CUDA GPUs are available", False),  # its build failed: no second try
+    ("SyntaxError: invalid syntax", False),
+])
+def test_only_an_import_that_wanted_the_device_is_tried_again_with_it(log, needs):
+    from env_pool.cuda_arch import needs_device
+
+    assert needs_device(log) is needs
