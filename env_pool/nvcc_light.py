@@ -1,4 +1,4 @@
-"""nvcc for a load_inline build's kernel file: torch's tensor API first, its whole C++ API only if needed.
+"""nvcc for a load_inline build's kernel file: as little of torch's headers as the file needs, the rest only if needed.
 
 UNTRUSTED SIDE: this runs inside the candidate's import child, as the nvcc of its own
 ``load_inline`` build. It decides nothing but how fast that build goes.
@@ -11,22 +11,38 @@ what a kernel's launcher uses) the file took 39 s. The binding (pybind11) is loa
 main.cpp, which g++ compiles against the precompiled header (env_pool/inline_pch.py).
 
 So the import child's torch is given a view of the CUDA toolkit (``install``) whose bin/nvcc
-runs ``main`` here: a kernel file is compiled twice at once, once with ``-I LIGHT`` (where
-torch/extension.h is torch/types.h) and once as given. The light object is kept if it builds;
-otherwise the full build's result and messages are the build's, so an error the agent reads
-is always the full header's own, and a file that needs more than torch/types.h costs nothing
-extra in wall time. The sources are never changed.
+runs ``main`` here: a kernel file is compiled three times at once, and the first of these that
+builds, in this order, is kept:
+- lean: ``-I LEAN -I LIGHT``: torch/extension.h is torch/types.h, and ATen's two headers that
+  include every operator (ATen/Functions.h and ATen/NativeFunctions.h: 43% of torch/types.h's
+  preprocessed text) include only the operators the file names (``lean_headers``);
+- light: ``-I LIGHT``;
+- as given.
+The first two run nvcc's host and device passes side by side (env_pool/nvcc_split.py). A lean
+build differs from the others only in what fails to compile: an operator the file calls without
+naming it is an error, never another overload (an operator's overloads all live in its one
+header). Otherwise the next build's result and messages are the build's, so an error the agent
+reads is always the full header's own, and a file that needs more costs nothing extra in wall
+time. The sources are never changed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 LIGHT = Path(__file__).resolve().parent / "light_headers"  # holds the light torch/extension.h
+SPLIT = Path(__file__).resolve().parent / "nvcc_split.py"  # the faster builds' nvcc
+OPS_INCLUDE = re.compile(r"#include <ATen/ops/(\w+?)(?:_native)?\.h>")
+# An operator that torch's own headers call (at::view_copy in ExpandUtils.h, at::tensor in
+# TensorDataContainer.h, Functions.h's own helpers): kept whatever the file names.
+TORCH_CALL = re.compile(r"\bat::(?:symint::)?(\w+)\s*[<(]")
 
 
 def install(real_home: str, folder: Path) -> Path:
@@ -51,48 +67,116 @@ def install(real_home: str, folder: Path) -> Path:
     return view
 
 
-def light_args(args: list[str]) -> tuple[list[str], str, str] | None:
-    """(the light build's arguments, its output, the output it stands for); None where this is not a .cu compile."""
-    if "-c" not in args or not any(a.endswith(".cu") for a in args) or "-o" not in args:
+def tier_args(args: list[str], tier: str, first: list[str]) -> tuple[list[str], str, str] | None:
+    """(a faster build's arguments, its output, the output it stands for); None where this is not a .cu compile."""
+    if "-c" not in args or not any(a.endswith(".cu") for a in args) or "-o" not in args[:-1]:
         return None
     out = args[args.index("-o") + 1]
-    light = [a if a != out else f"{out}.light" for a in args]
-    if "--dependency-output" in light:  # torch's rule: --generate-dependencies-with-compile --dependency-output $out.d
-        at = light.index("--dependency-output") + 1
-        light[at] = f"{out}.light.d"
-    return ["-I", str(LIGHT), *light], f"{out}.light", out  # first: it must win over any -I of the build
+    mine = f"{out}.{tier}"
+    tiered = [a if a != out else mine for a in args]
+    if "--dependency-output" in tiered:  # torch's rule: --generate-dependencies-with-compile --dependency-output $out.d
+        at = tiered.index("--dependency-output") + 1
+        tiered[at] = f"{mine}.d"
+    return [*first, *tiered], mine, out  # first: it must win over any -I of the build
+
+
+def include_dirs(args: list[str]) -> list[Path]:
+    """The build's -I and -isystem folders, in order."""
+    found = []
+    for flag, following in zip(args, [*args[1:], ""]):
+        if flag in ("-I", "-isystem"):
+            found.append(Path(following))
+        elif flag.startswith("-I") and len(flag) > 2:
+            found.append(Path(flag[2:]))
+    return found
+
+
+def lean_headers(args: list[str], folder: Path) -> Path | None:
+    """ATen/Functions.h and ATen/NativeFunctions.h in ``folder``, including only the operators the .cu file names.
+
+    Written from the build's own torch headers, whatever their version: a line of the form
+    ``#include <ATen/ops/NAME.h>`` (or NAME_native.h) is kept where NAME is a word of the file
+    or an operator torch's other headers call. None where the include path has no ATen/Functions.h.
+    """
+    source = Path(next(a for a in args if a.endswith(".cu")))
+    aten = next((d / "ATen" for d in include_dirs(args) if (d / "ATen" / "Functions.h").is_file()), None)
+    if aten is None or not source.is_file():
+        return None
+    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source.read_text(errors="replace"))) | torch_calls(aten.parent)
+    (folder / "ATen").mkdir(parents=True, exist_ok=True)
+    for header in ("Functions.h", "NativeFunctions.h"):
+        if (aten / header).is_file():
+            lines = (aten / header).read_text().splitlines()
+            kept = [line for line in lines if (m := OPS_INCLUDE.match(line)) is None or m.group(1) in names]
+            (folder / "ATen" / header).write_text("\n".join(kept) + "\n")
+    return folder
+
+
+def torch_calls(include: Path) -> set[str]:
+    """Every name torch's headers call as ``at::NAME(`` or ``at::symint::NAME<``, outside the operators' own headers (~1 s)."""
+    called: set[str] = set()
+    for header in include.rglob("*.h"):
+        if not {"ops", "native"} & set(header.relative_to(include).parts):
+            called.update(TORCH_CALL.findall(header.read_text(errors="replace")))
+    return called
 
 
 def main(argv: list[str]) -> int:
     real, args = argv[0], argv[1:]
-    plan = light_args(args)
-    if plan is None:
+    if tier_args(args, "", []) is None:
         os.execv(real, [real, *args])
-    light, light_out, out = plan
+    out = args[args.index("-o") + 1]
     full = subprocess.Popen([real, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    quick = subprocess.run([real, *light], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if quick.returncode == 0:
-        os.killpg(full.pid, signal.SIGKILL)
-        full.wait()
-        _settle(light_out, out, args)
-        sys.stdout.buffer.write(quick.stdout)
-        return 0
-    for leftover in (light_out, f"{light_out}.d"):
+    lean = lean_headers(args, Path(f"{out}.lean-headers"))
+    firsts = ([("lean", ["-I", str(lean), "-I", str(LIGHT)])] if lean else []) + [("light", ["-I", str(LIGHT)])]
+    tiers = []
+    for tier, first in firsts:
+        tiered, mine, _ = tier_args(args, tier, first)
+        Path(f"{mine}.tmp").mkdir(exist_ok=True)
+        tiers.append((mine, subprocess.Popen([sys.executable, "-P", str(SPLIT), f"{mine}.tmp", real, *tiered],
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)))
+    try:
+        for at, (mine, proc) in enumerate(tiers):
+            log, _ = proc.communicate()
+            if proc.returncode == 0:
+                _kill(full)
+                for slower, other in tiers[at + 1:]:
+                    _kill(other)
+                    _discard(slower)
+                _settle(mine, out, args)
+                sys.stdout.buffer.write(log)
+                return 0
+            _discard(mine)
+        log, _ = full.communicate()
+        sys.stdout.buffer.write(log)
+        return full.returncode
+    finally:
+        for mine, proc in tiers:  # killed (or done): nothing of theirs may reach the build's folder
+            shutil.rmtree(f"{mine}.tmp", ignore_errors=True)
+        if lean:
+            shutil.rmtree(lean, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _discard(mine: str) -> None:
+    for leftover in (mine, f"{mine}.d"):
         Path(leftover).unlink(missing_ok=True)
-    log, _ = full.communicate()
-    sys.stdout.buffer.write(log)
-    return full.returncode
 
 
-def _settle(light_out: str, out: str, args: list[str]) -> None:
-    """The light object becomes the build's, its dependency file renamed to name the real output."""
-    os.replace(light_out, out)
+def _settle(faster_out: str, out: str, args: list[str]) -> None:
+    """A faster build's object becomes the build's, its dependency file renamed to name the real output."""
+    os.replace(faster_out, out)
     if "--dependency-output" in args:
         deps = Path(args[args.index("--dependency-output") + 1])
-        light_deps = Path(f"{light_out}.d")
-        text = light_deps.read_text()  # "cuda.cuda.o.light : cuda.cu ...": ninja checks the target's name
-        deps.write_text(out + text[len(light_out):] if text.startswith(light_out) else text)
-        light_deps.unlink()
+        faster_deps = Path(f"{faster_out}.d")
+        text = faster_deps.read_text()  # "cuda.cuda.o.lean : cuda.cu ...": ninja checks the target's name
+        deps.write_text(out + text[len(faster_out):] if text.startswith(faster_out) else text)
+        faster_deps.unlink()
 
 
 def use_in_torch(folder: Path) -> bool:
@@ -110,4 +194,3 @@ def use_in_torch(folder: Path) -> bool:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-

@@ -4,8 +4,9 @@
 
 Builds a corpus case's load_inline extension once (its files and ninja commands), then runs each
 command again alone: the binding's main.cpp with and without the precompiled torch/extension.h
-(env_pool/inline_pch.py, built first if needed), the kernel's cuda.cu (nvcc) as written and
-through env_pool/nvcc_light.py (torch/types.h first, as written at the same time), the link.
+(env_pool/inline_pch.py, built first if needed); the kernel's cuda.cu (nvcc) as written, with
+the light and with the lean headers through env_pool/nvcc_split.py, and through
+env_pool/nvcc_light.py (all three at once, the first that builds kept); the link.
 Last, the whole build again through nvcc_light, with the precompiled header: what the
 environment's import step runs.
 Unsandboxed: this measures the compilers, not the environment. Writes DIR/inline_build.json.
@@ -53,6 +54,25 @@ def _whole_build_light(case: str, pch: Path | None) -> dict:
         return {"what": f"whole build, nvcc_light{' + pch' if pch else ''}", "s": time.perf_counter() - begin, "rc": 0}
 
 
+def _kernel_file_rows(cmd: str, build: Path, env: dict, tmp: Path) -> list[dict]:
+    """The kernel file through nvcc_split with each faster tier's headers alone, then through nvcc_light (all tiers at once)."""
+    rows = []
+    words = shlex.split(cmd)
+    real, args = words[0], words[1:]
+    lean = nvcc_light.lean_headers(args, tmp / "lean")
+    tiers = [("light", ["-I", str(nvcc_light.LIGHT)])] + ([("lean", ["-I", str(lean), "-I", str(nvcc_light.LIGHT)])] if lean else [])
+    for tier, first in tiers:
+        tiered, mine, _ = nvcc_light.tier_args(args, tier, first)
+        (tmp / tier).mkdir(exist_ok=True)
+        split = [sys.executable, str(nvcc_light.SPLIT), str(tmp / tier), real, *tiered]
+        s, rc, log = timed(shlex.join(split), build, env)
+        rows.append({"what": f"cuda.cu alone, {tier} headers, split", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
+    view = nvcc_light.install(_cuda_home(), tmp / "nvcc-view")
+    s, rc, log = timed(cmd.replace(real, str(view / "bin" / "nvcc"), 1), build, env)
+    rows.append({"what": "cuda.cu alone, nvcc_light", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -81,9 +101,7 @@ def main() -> None:
             s, rc, log = timed(cmd, build, env)
             rows.append({"what": f"{what} alone", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
             if what == "cuda.cu":
-                view = nvcc_light.install(_cuda_home(), Path(tmp) / "nvcc-view")
-                s, rc, log = timed(cmd.replace(shlex.split(cmd)[0], str(view / "bin" / "nvcc"), 1), build, env)
-                rows.append({"what": "cuda.cu alone, nvcc_light", "s": s, "rc": rc, "log": log[-1500:] if rc else ""})
+                rows += _kernel_file_rows(cmd, build, env, Path(tmp))
             if what == "main.cpp" and pch_ok:
                 s, rc, log = timed(cmd + " -H", build, {**env, "CPATH": str(pch)})
                 used = any(line.startswith("! ") for line in log.splitlines())

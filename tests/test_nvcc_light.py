@@ -1,10 +1,12 @@
-"""env_pool/nvcc_light.py: a load_inline kernel file built against the light torch/extension.h, the real one as fallback.
+"""env_pool/nvcc_light.py: a load_inline kernel file built lean, then light, then as written, the first that builds kept.
 
 Real nvcc on tiny files. The build's include path has a small stand-in torch/ (types.h and an
 extension.h that defines FULL_ONLY), so the light build finds the light extension.h and the
 stand-in types.h, and the full build the stand-in extension.h: a file that checks FULL_ONLY
-builds only as written. torch's own headers are exercised on the GPU (the corpus's
-legit/gelu_load_inline_cuda, scripts/bench_inline_build.py).
+builds only as written. Where the stand-in also has ATen/Functions.h (two operators, each
+defining HAVE_<NAME>), the lean build's Functions.h includes only the operators the file names.
+torch's own headers are exercised on the GPU (the corpus's legit/gelu_load_inline_cuda,
+scripts/bench_inline_build.py).
 """
 from __future__ import annotations
 
@@ -47,11 +49,24 @@ def compile_cu(folder: Path, view: Path, source: str) -> subprocess.CompletedPro
 KERNEL = "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
 
 
+def leftovers(folder: Path) -> list[str]:
+    """What the faster builds left in the build's folder (their objects, scratch, lean headers): nothing."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("cuda.cuda.o.") and p.name != "cuda.cuda.o.d")
+
+
+def with_operators(folder: Path) -> None:
+    """A stand-in ATen/Functions.h that includes two operators' headers, as torch's includes all of them."""
+    (folder / "inc" / "ATen" / "ops").mkdir(parents=True)
+    (folder / "inc" / "ATen" / "Functions.h").write_text("#pragma once\n#include <ATen/ops/relu.h>\n#include <ATen/ops/softmax.h>\n")
+    for op in ("relu", "softmax"):
+        (folder / "inc" / "ATen" / "ops" / f"{op}.h").write_text(f"#pragma once\n#define HAVE_{op.upper()} 1\n")
+
+
 def test_a_file_that_builds_light_keeps_the_light_object(build):
     folder, view = build
     done = compile_cu(folder, view, "#include <torch/extension.h>\n#ifndef STAND_IN_TYPES\n#error no types\n#endif\n" + KERNEL)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (folder / "cuda.cuda.o").is_file() and not list(folder.glob("*.light*")), "the light object became the build's"
+    assert (folder / "cuda.cuda.o").is_file() and leftovers(folder) == [], "the light object became the build's"
     deps = (folder / "cuda.cuda.o.d").read_text()
     assert deps.split(":")[0].strip() == "cuda.cuda.o", deps[:200]
     assert "light_headers/torch/extension.h" in deps and "inc/torch/extension.h" not in deps, "built against the light header"
@@ -63,7 +78,7 @@ def test_a_file_that_needs_the_whole_header_is_built_as_written(build):
     assert done.returncode == 0, done.stdout + done.stderr
     deps = (folder / "cuda.cuda.o.d").read_text()
     assert "inc/torch/extension.h" in deps and "light_headers" not in deps
-    assert not list(folder.glob("*.light*"))
+    assert leftovers(folder) == []
 
 
 def test_an_error_is_reported_from_the_build_as_written(build):
@@ -80,3 +95,26 @@ def test_other_nvcc_calls_pass_straight_through(build):
     done = subprocess.run([str(view / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Cuda compilation tools" in done.stdout
     assert (view / "include").resolve() == (real_home() / "include").resolve()
+
+
+def test_a_file_builds_lean_with_only_the_operators_it_names(build):
+    folder, view = build
+    with_operators(folder)
+    done = compile_cu(folder, view, "#include <torch/extension.h>\n#include <ATen/Functions.h>\n"
+                                    "#ifndef HAVE_RELU\n#error relu is named here\n#endif\n"
+                                    "#ifdef HAVE_SOFTMAX\n#error not named here: the lean header leaves it out\n#endif\n" + KERNEL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    deps = (folder / "cuda.cuda.o.d").read_text()
+    assert deps.split(":")[0].strip() == "cuda.cuda.o" and "cuda.cuda.o.lean-headers/ATen/Functions.h" in deps, deps[:400]
+    assert leftovers(folder) == []
+
+
+def test_a_file_that_calls_an_operator_it_does_not_name_falls_back_to_light(build):
+    folder, view = build
+    with_operators(folder)
+    done = compile_cu(folder, view, "#include <torch/extension.h>\n#include <ATen/Functions.h>\n"
+                                    "#ifndef HAVE_SOFTMAX\n#error a macro that calls it, say\n#endif\n" + KERNEL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    deps = (folder / "cuda.cuda.o.d").read_text()
+    assert "inc/ATen/Functions.h" in deps and "light_headers/torch/extension.h" in deps and "lean-headers" not in deps
+    assert leftovers(folder) == []
