@@ -11,19 +11,20 @@ what a kernel's launcher uses) the file took 39 s. The binding (pybind11) is loa
 main.cpp, which g++ compiles against the precompiled header (env_pool/inline_pch.py).
 
 So the import child's torch is given a view of the CUDA toolkit (``install``) whose bin/nvcc
-runs ``main`` here: a kernel file is compiled three times at once, and the first of these that
-builds, in this order, is kept:
+runs ``main`` here: a kernel file is built two ways, and the first that builds, in this order,
+is kept:
 - lean: ``-I LEAN -I LIGHT``: torch/extension.h is torch/types.h, and ATen's two headers that
   include every operator (ATen/Functions.h and ATen/NativeFunctions.h: 43% of torch/types.h's
-  preprocessed text) include only the operators the file names (``lean_headers``);
-- light: ``-I LIGHT``;
+  preprocessed text) include only the operators the file names (``lean_headers``); nvcc's host
+  and device passes run side by side (env_pool/nvcc_split.py);
 - as given.
-The first two run nvcc's host and device passes side by side (env_pool/nvcc_split.py). A lean
-build differs from the others only in what fails to compile: an operator the file calls without
-naming it is an error, never another overload (an operator's overloads all live in its one
-header). Otherwise the next build's result and messages are the build's, so an error the agent
-reads is always the full header's own, and a file that needs more costs nothing extra in wall
-time. The sources are never changed.
+With ``AT_ONCE_CPUS`` CPUs or more the two run at once (a file that needs the full header costs
+nothing extra in wall time); with fewer, the second runs only if the first failed (both at once
+beside the binding's g++ made the build slower on 2 cores). A lean build differs from the other
+only in what fails to compile: an operator the file calls without naming it is an error, never
+another overload (an operator's overloads all live in its one header). Otherwise the build as
+written is the build, so an error the agent reads is always the full header's own. The sources
+are never changed.
 """
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ from pathlib import Path
 
 LIGHT = Path(__file__).resolve().parent / "light_headers"  # holds the light torch/extension.h
 SPLIT = Path(__file__).resolve().parent / "nvcc_split.py"  # the faster builds' nvcc
+# With fewer CPUs than this, the builds run one after another (each only if the one before
+# failed): all five compilers at once beside the binding's g++ made the build slower on 2 cores
+# (51 s, against 17.5 s for the lean build alone).
+AT_ONCE_CPUS = 6
+AT_ONCE_ENV = "CUDA_AGENT_NVCC_AT_ONCE"  # "1" or "0" overrides the CPU count's choice
 OPS_INCLUDE = re.compile(r"#include <ATen/ops/(\w+?)(?:_native)?\.h>")
 # An operator that torch's own headers call (at::view_copy in ExpandUtils.h, at::tensor in
 # TensorDataContainer.h, Functions.h's own helpers): kept whatever the file names.
@@ -74,10 +80,16 @@ def tier_args(args: list[str], tier: str, first: list[str]) -> tuple[list[str], 
     out = args[args.index("-o") + 1]
     mine = f"{out}.{tier}"
     tiered = [a if a != out else mine for a in args]
-    if "--dependency-output" in tiered:  # torch's rule: --generate-dependencies-with-compile --dependency-output $out.d
-        at = tiered.index("--dependency-output") + 1
+    if (at := deps_at(tiered)) is not None:
         tiered[at] = f"{mine}.d"
     return [*first, *tiered], mine, out  # first: it must win over any -I of the build
+
+
+def deps_at(args: list[str]) -> int | None:
+    """Where the dependency file's path is in nvcc's arguments (torch's rule names it after
+    --dependency-output, or -MF in newer torch), or None."""
+    flag = next((a for a in args[:-1] if a in ("--dependency-output", "-MF")), None)
+    return args.index(flag) + 1 if flag else None
 
 
 def include_dirs(args: list[str]) -> list[Path]:
@@ -126,35 +138,37 @@ def main(argv: list[str]) -> int:
     if tier_args(args, "", []) is None:
         os.execv(real, [real, *args])
     out = args[args.index("-o") + 1]
-    full = subprocess.Popen([real, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     lean = lean_headers(args, Path(f"{out}.lean-headers"))
-    firsts = ([("lean", ["-I", str(lean), "-I", str(LIGHT)])] if lean else []) + [("light", ["-I", str(LIGHT)])]
-    tiers = []
-    for tier, first in firsts:
-        tiered, mine, _ = tier_args(args, tier, first)
-        Path(f"{mine}.tmp").mkdir(exist_ok=True)
-        tiers.append((mine, subprocess.Popen([sys.executable, "-P", str(SPLIT), f"{mine}.tmp", real, *tiered],
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)))
+    tiered, mine, _ = tier_args(args, "lean", (["-I", str(lean)] if lean else []) + ["-I", str(LIGHT)])
+    # (its output, its command): the lean build, then the build as written
+    builds = [(mine, [sys.executable, "-P", str(SPLIT), f"{mine}.tmp", real, *tiered]), (out, [real, *args])]
+    at_once = os.environ.get(AT_ONCE_ENV, str(int(len(os.sched_getaffinity(0)) >= AT_ONCE_CPUS))) == "1"
+    procs = [_start(command, mine, out) for mine, command in builds] if at_once else []
     try:
-        for at, (mine, proc) in enumerate(tiers):
+        for at, (mine, command) in enumerate(builds):
+            proc = procs[at] if at_once else _start(command, mine, out)
             log, _ = proc.communicate()
-            if proc.returncode == 0:
-                _kill(full)
-                for slower, other in tiers[at + 1:]:
+            if proc.returncode == 0 or mine == out:
+                for slower, other in zip(builds[at + 1:], procs[at + 1:]):
                     _kill(other)
-                    _discard(slower)
-                _settle(mine, out, args)
+                    _discard(slower[0], out)
+                if mine != out:
+                    _settle(mine, out, args)
                 sys.stdout.buffer.write(log)
-                return 0
-            _discard(mine)
-        log, _ = full.communicate()
-        sys.stdout.buffer.write(log)
-        return full.returncode
+                return proc.returncode
+            _discard(mine, out)
+        raise AssertionError("unreachable: the build as written always ends the loop")
     finally:
-        for mine, proc in tiers:  # killed (or done): nothing of theirs may reach the build's folder
+        for mine, _ in builds:  # killed (or done): nothing of theirs may reach the build's folder
             shutil.rmtree(f"{mine}.tmp", ignore_errors=True)
         if lean:
             shutil.rmtree(lean, ignore_errors=True)
+
+
+def _start(command: list[str], mine: str, out: str) -> subprocess.Popen:
+    if mine != out:  # a faster build's scratch, for nvcc_split
+        Path(f"{mine}.tmp").mkdir(exist_ok=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -163,16 +177,17 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _discard(mine: str) -> None:
-    for leftover in (mine, f"{mine}.d"):
-        Path(leftover).unlink(missing_ok=True)
+def _discard(mine: str, out: str) -> None:
+    if mine != out:  # the build as written, killed, leaves nothing the kept object does not replace
+        for leftover in (mine, f"{mine}.d"):
+            Path(leftover).unlink(missing_ok=True)
 
 
 def _settle(faster_out: str, out: str, args: list[str]) -> None:
     """A faster build's object becomes the build's, its dependency file renamed to name the real output."""
     os.replace(faster_out, out)
-    if "--dependency-output" in args:
-        deps = Path(args[args.index("--dependency-output") + 1])
+    if (at := deps_at(args)) is not None:
+        deps = Path(args[at])
         faster_deps = Path(f"{faster_out}.d")
         text = faster_deps.read_text()  # "cuda.cuda.o.lean : cuda.cu ...": ninja checks the target's name
         deps.write_text(out + text[len(faster_out):] if text.startswith(faster_out) else text)

@@ -1,7 +1,7 @@
-"""env_pool/nvcc_light.py: a load_inline kernel file built lean, then light, then as written, the first that builds kept.
+"""env_pool/nvcc_light.py: a load_inline kernel file built lean, then as written, the first that builds kept.
 
 Real nvcc on tiny files. The build's include path has a small stand-in torch/ (types.h and an
-extension.h that defines FULL_ONLY), so the light build finds the light extension.h and the
+extension.h that defines FULL_ONLY), so the lean build finds the light extension.h and the
 stand-in types.h, and the full build the stand-in extension.h: a file that checks FULL_ONLY
 builds only as written. Where the stand-in also has ATen/Functions.h (two operators, each
 defining HAVE_<NAME>), the lean build's Functions.h includes only the operators the file names.
@@ -27,9 +27,11 @@ def real_home() -> Path:
     return Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda").resolve()
 
 
-@pytest.fixture
-def build(tmp_path):
-    """A build folder with the stand-in torch headers and a view of the toolkit, as the import child gets it."""
+@pytest.fixture(params=["1", "0"], ids=["at-once", "one-after-another"])
+def build(tmp_path, request, monkeypatch):
+    """A build folder with the stand-in torch headers and a view of the toolkit, as the import child gets it;
+    the builds run at once (as with many CPUs) and one after another (as with few)."""
+    monkeypatch.setenv(nvcc_light.AT_ONCE_ENV, request.param)
     (tmp_path / "inc" / "torch").mkdir(parents=True)
     (tmp_path / "inc" / "torch" / "types.h").write_text("#pragma once\n#define STAND_IN_TYPES 1\n")
     (tmp_path / "inc" / "torch" / "extension.h").write_text("#pragma once\n#include <torch/types.h>\n#define FULL_ONLY 1\n")
@@ -87,7 +89,7 @@ def test_an_error_is_reported_from_the_build_as_written(build):
                                     "#ifndef FULL_ONLY\nint broken(\n#endif\n" + KERNEL)
     assert done.returncode != 0
     assert "the full header's own error" in done.stdout + done.stderr
-    assert "broken" not in done.stdout + done.stderr, "the light build's messages are not the agent's to read"
+    assert "broken" not in done.stdout + done.stderr, "the lean build's messages are not the agent's to read"
 
 
 def test_other_nvcc_calls_pass_straight_through(build):
@@ -109,12 +111,13 @@ def test_a_file_builds_lean_with_only_the_operators_it_names(build):
     assert leftovers(folder) == []
 
 
-def test_a_file_that_calls_an_operator_it_does_not_name_falls_back_to_light(build):
+def test_a_file_that_calls_an_operator_it_does_not_name_is_built_as_written(build):
     folder, view = build
     with_operators(folder)
     done = compile_cu(folder, view, "#include <torch/extension.h>\n#include <ATen/Functions.h>\n"
                                     "#ifndef HAVE_SOFTMAX\n#error a macro that calls it, say\n#endif\n" + KERNEL)
     assert done.returncode == 0, done.stdout + done.stderr
     deps = (folder / "cuda.cuda.o.d").read_text()
-    assert "inc/ATen/Functions.h" in deps and "light_headers/torch/extension.h" in deps and "lean-headers" not in deps
+    assert "inc/ATen/Functions.h" in deps and "inc/torch/extension.h" in deps
+    assert "light_headers" not in deps and "lean-headers" not in deps
     assert leftovers(folder) == []

@@ -16,7 +16,7 @@ import pytest
 from env_pool import nvcc_split
 
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 SOURCE = """
 __global__ void scale(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }
 template <typename T> __global__ void bump(T* x) { x[0] += T(1); }
@@ -35,6 +35,7 @@ def symbols(obj: Path) -> list[str]:
     return sorted(subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout.splitlines())
 
 
+@needs_nvcc
 def test_a_split_build_has_nvccs_symbols_and_dependency_file(tmp_path):
     (tmp_path / "k.cu").write_text(SOURCE)
     done = split(tmp_path, "--generate-dependencies-with-compile", "--dependency-output", "k.o.d", "-c", "k.cu", "-o", "k.o", *ARCH)
@@ -45,6 +46,7 @@ def test_a_split_build_has_nvccs_symbols_and_dependency_file(tmp_path):
     assert deps.split(":")[0].strip() == "k.o" and "k.cu" in deps and "cuda_runtime.h" in deps
 
 
+@needs_nvcc
 def test_the_plan_puts_cudafe_and_cicc_in_separate_chains_sharing_a_written_module_id(tmp_path):
     (tmp_path / "k.cu").write_text(SOURCE)
     dry = subprocess.run([NVCC, "-c", "k.cu", "-o", "k.o", *ARCH, "--dryrun"], cwd=tmp_path, capture_output=True, text=True,
@@ -64,8 +66,19 @@ def test_a_plan_of_unknown_shape_is_not_split():
     assert nvcc_split.parse(listing, {}) is None
 
 
+@needs_nvcc
 def test_a_compile_error_fails_with_the_compilers_message(tmp_path):
     (tmp_path / "k.cu").write_text(SOURCE + "void broken() { undeclared_name_here(); }\n")
     done = split(tmp_path, "-c", "k.cu", "-o", "k.o", *ARCH)
     assert done.returncode != 0 and "undeclared_name_here" in done.stdout + done.stderr
     assert not (tmp_path / "k.o").exists()
+
+
+def test_the_h100_hosts_plan_has_the_known_shape():
+    # `nvcc --dryrun` of a load_inline kernel file on the H100 machine (CUDA 13.0, gcc 13.3, sm_90a, a dependency file).
+    listing = (Path(__file__).parent / "data" / "nvcc_dryrun_h100.txt").read_text()
+    plan = nvcc_split.parse(listing, {})
+    assert plan is not None
+    assert [nvcc_split.tool(plan.steps[i]) for i in plan.host] == ["gcc", "cudafe++"]
+    assert [nvcc_split.tool(plan.steps[i]) for i in plan.device] == ["gcc", "cicc", "ptxas", "fatbinary", "rm"]
+    assert plan.deps_out == "cuda.cuda.o.d" and plan.env["CICC_PATH"].endswith("nvvm/bin")
