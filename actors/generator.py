@@ -17,6 +17,7 @@ import ray
 from omegaconf import OmegaConf
 
 from actors.buffer import push
+from actors.storage import RunStorage
 from configs.schema import Config
 from launch.episode import episode_runner
 from rollout.env_client import RayEnvClient
@@ -28,9 +29,11 @@ from tasks.task import Task
 @ray.remote
 class GeneratorActor:
     def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int = 0,
-                 policy_spec: str | None = None, episodes_in_flight: int | None = None, keep_solution: bool = False):
+                 policy_spec: str | None = None, episodes_in_flight: int | None = None, keep_solution: bool = False,
+                 storage: RunStorage | None = None):
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         self.index, self.buffer = index, buffer
+        self.storage = storage or RunStorage()  # the run's files (exports) and inputs (the model), from any node
         # Training serves cfg.model.path with vLLM; an evaluation sweep may name any policy spec
         # (rollout/policy.py), and keeps each episode's final solution files for its report.
         self.policy_spec = policy_spec or f"vllm:{self.cfg.model.path}"
@@ -59,10 +62,17 @@ class GeneratorActor:
     async def _ready(self) -> None:
         async with self.starting:
             if self.policy is None:
-                self.policy = make_policy(self.policy_spec, self.cfg)
+                self.policy = make_policy(await asyncio.to_thread(self._local_spec), self.cfg)
             if self.runner is None:
                 self.runner = episode_runner(self.cfg, self.policy, RayEnvClient(self.env_workers), self.max_turns,
                                              self.episodes_in_flight, self.keep_solution)
+
+    def _local_spec(self) -> str:
+        """The policy spec with its model folder or replay file as this node reaches it."""
+        kind, _, path = self.policy_spec.partition(":")
+        if kind in ("vllm", "replay") and path.startswith("/"):
+            return f"{kind}:{self.storage.fetch(path)}"
+        return self.policy_spec
 
     async def run(self, jobs: list[tuple[dict[str, Any], str]], to_buffer: bool = True) -> list[Any]:
         """Run the jobs concurrently; returns what the buffer answered for each (or the trajectories)."""
@@ -101,7 +111,8 @@ class GeneratorActor:
 
     async def load_folder(self, path: str, version: int) -> float:
         """Swap in the weights of a Hugging Face folder (a stage's export), without a learner."""
-        return await self._swap(lambda: self.policy.load_folder(path, version))
+        local = await asyncio.to_thread(self.storage.fetch, path)
+        return await self._swap(lambda: self.policy.load_folder(str(local), version))
 
     async def _swap(self, swap: Callable[[], Awaitable[float]]) -> float:
         await self._ready()

@@ -27,9 +27,10 @@ from typing import Any, Mapping, Sequence
 import ray
 from omegaconf import OmegaConf
 
-from configs.schema import Config
-from learner.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from actors.storage import RunStorage, node_id
 from actors.weight_sync import WeightSender
+from configs.schema import Config
+from learner.checkpoint import LATEST, export_hf, load_checkpoint, prune_checkpoints, save_checkpoint
 from learner.weights import iter_weight_buckets
 
 TRAINERS = ("ppo", "rft", "value")
@@ -60,11 +61,30 @@ def reward_span(reward: Any) -> float:
     return float(max(values) - min(values))
 
 
+class StorageMirror:
+    """A checkpoint root's copy on this node (``local``) and the run folder's root it stands for."""
+
+    def __init__(self, storage: RunStorage, local: Path, remote: Path):
+        self.storage, self.local, self.remote = storage, local, remote
+
+    def _remote(self, path: Path) -> Path:
+        return self.remote / path.relative_to(self.local)
+
+    def publish(self, path: Path) -> None:
+        self.storage.publish(self._remote(path))
+
+    def remove(self, path: Path) -> None:
+        self.storage.remove(self._remote(path))
+
+
 @ray.remote
 class LearnerActor:
-    def __init__(self, cfg: Mapping[str, Any], rank: int = 0, world_size: int = 1, master: tuple[str, int] | None = None):
+    def __init__(self, cfg: Mapping[str, Any], rank: int = 0, world_size: int = 1, master: tuple[str, int] | None = None,
+                 storage: RunStorage | None = None):
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_gpu() else "cuda")
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        self.storage = storage or RunStorage()  # None: every path in place
+        self.publishes = True  # the lowest rank on its node sends the node's checkpoint files (set_publisher)
         self.rank, self.world_size = rank, world_size
         self.master = master or WeightSender.address()
         if world_size > 1:  # one process a rank; Ray shows each rank only its own GPU, hence local rank 0
@@ -79,18 +99,32 @@ class LearnerActor:
         """Where the other ranks meet rank 0 (its node and a port it found free)."""
         return self.master
 
+    def node(self) -> str:
+        return node_id()
+
+    def set_publisher(self, publishes: bool) -> None:
+        self.publishes = publishes
+
     def setup(self, kind: str, stage_dir: str, policy_path: str, critic_path: str | None, total_steps: int) -> dict[str, Any]:
         """Build the stage's trainer and resume it from the stage's latest checkpoint, if any."""
         self.kind = kind
         self.trainer = None  # the previous stage's engines go before this stage's are built
         gc.collect()
-        self.trainer = _trainer(kind, self.cfg, policy_path, critic_path, total_steps)
+        critic = str(self.storage.fetch(critic_path)) if critic_path else None
+        self.trainer = _trainer(kind, self.cfg, str(self.storage.fetch(policy_path)), critic, total_steps)
         self.sender.new_trainer()
         self.checkpoints = Path(stage_dir) / "checkpoints"
-        state = load_checkpoint(self.checkpoints, self.trainer.engines())
+        state = load_checkpoint(self._fetch_latest(), self.trainer.engines())
         if state is not None:
             self.trainer.load_state(state["trainer"])
         return state or {}
+
+    def _fetch_latest(self) -> Path:
+        """This node's checkpoint root, holding the newest checkpoint (only that one is copied)."""
+        marker = self.storage.fetch(self.checkpoints / LATEST, missing_ok=True)
+        if marker.exists():
+            self.storage.fetch(self.checkpoints / marker.read_text().strip())
+        return self.storage.place(self.checkpoints)
 
     def step(self, batch: list[Any], weights: list[float] | None = None, version: int = 0,
              episode_advantages: list[float] | None = None) -> dict[str, float]:
@@ -105,12 +139,19 @@ class LearnerActor:
 
     def save(self, step: int, extra: dict[str, Any]) -> str:
         state = {"trainer": self.trainer.state(), **extra}
-        return str(save_checkpoint(self.checkpoints, step, self.trainer.engines(), state, self.cfg.stage.keep_checkpoints))
+        local, keep = self.storage.place(self.checkpoints), self.cfg.stage.keep_checkpoints
+        mirror = StorageMirror(self.storage, local, self.checkpoints) if local != self.checkpoints and self.publishes else None
+        folder = save_checkpoint(local, step, self.trainer.engines(), state, keep, mirror)
+        if mirror is not None and self.rank != 0:  # rank 0 prunes the run folder; this node's copies are this rank's
+            prune_checkpoints(local, keep)
+        return str(self.checkpoints / folder.name)
 
     def drop_checkpoints(self) -> None:
         """A finished stage's checkpoints go once its export is written: the next stage starts from the export."""
         if self.rank == 0:
-            shutil.rmtree(self.checkpoints, ignore_errors=True)
+            self.storage.remove(self.checkpoints)
+        elif self.publishes:
+            shutil.rmtree(self.storage.place(self.checkpoints), ignore_errors=True)
 
     def export_weights(self, bucket_mb: int) -> list[Any]:
         """The policy's weights as object-store buckets of (name, CPU tensor) pairs (rank 0's; the others gather)."""
@@ -144,11 +185,13 @@ class LearnerActor:
         return self.trainer.engines()["policy"]
 
     def export(self, out_dir: str, tokenizer_dir: str) -> dict[str, str]:
-        """Write the stage's models as Hugging Face folders; returns {"policy": dir, "critic": dir}."""
+        """Write the stage's models as Hugging Face folders in the run folder; returns {"policy": dir, "critic": dir}."""
         paths = {}
         for name, engine in self.trainer.engines().items():
             path = Path(out_dir) / name
-            export_hf(engine, path, tokenizer_dir if name == "policy" else None)
+            export_hf(engine, self.storage.place(path), self.storage.fetch(tokenizer_dir) if name == "policy" else None)
+            if self.rank == 0:
+                self.storage.publish(path)
             paths[name] = str(path)
         return paths
 
@@ -156,8 +199,8 @@ class LearnerActor:
 class LearnerGroup:
     """The learner's ranks, called as one: every rank runs each call, rank 0 answers."""
 
-    def __init__(self, cfg: Mapping[str, Any], slot_options: Sequence[dict[str, Any]]):
-        self.cfg, self.slot_options = cfg, list(slot_options)
+    def __init__(self, cfg: Mapping[str, Any], slot_options: Sequence[dict[str, Any]], storage: RunStorage | None = None):
+        self.cfg, self.slot_options, self.storage = cfg, list(slot_options), storage
         self.ranks: list[Any] = []
         self.sequence_parallel = int(cfg.get("learner", {}).get("sequence_parallel_size", 1))
         if self.sequence_parallel < 1 or self.world_size % self.sequence_parallel:
@@ -174,10 +217,12 @@ class LearnerGroup:
         # Named, so that an operator (or a test) can find rank 0: ray.get_actor("cuda-agent-learner").
         names = ["cuda-agent-learner"] + [f"cuda-agent-learner-{r}" for r in range(1, self.world_size)]
         first = LearnerActor.options(name=names[0], max_restarts=0, **self.slot_options[0]).remote(
-            self.cfg, 0, self.world_size)
+            self.cfg, 0, self.world_size, None, self.storage)
         master = await first.master_address.remote()
         self.ranks = [first] + [LearnerActor.options(name=names[r], max_restarts=0, **self.slot_options[r]).remote(
-            self.cfg, r, self.world_size, master) for r in range(1, self.world_size)]
+            self.cfg, r, self.world_size, master, self.storage) for r in range(1, self.world_size)]
+        nodes = await asyncio.gather(*(r.node.remote() for r in self.ranks))
+        await asyncio.gather(*(r.set_publisher.remote(nodes.index(n) == i) for i, (r, n) in enumerate(zip(self.ranks, nodes))))
 
     async def restart(self) -> None:
         """Replace every rank (a dead one broke the others' process group)."""

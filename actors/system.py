@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError
 from actors.buffer import TrajectoryBuffer, buffer_options
 from actors.generator import GeneratorActor
 from actors.learner import LearnerGroup
+from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
 from actors.weight_sync import push_weights, resolve_transport
 from env_pool.pool import EnvWorker
@@ -125,8 +126,9 @@ class System:
             ray.kill(actor, no_restart=True)
 
 
-async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation) -> System:
-    """Create every actor in its reserved bundle and start the engines (in parallel: they are slow)."""
+async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, storage: RunStorage | None = None) -> System:
+    """Create every actor in its reserved bundle and start the engines (in parallel: they are slow).
+    ``storage``: how actors on other nodes than the driver's reach the run folder and the model."""
     transport = resolve_transport(cfg.cluster)
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     env_cfg = cfg_dict["env"]
@@ -135,9 +137,10 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation) -
     buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
     generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,
-                                         **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index)
+                                         **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index,
+                                                                             storage=storage)
                   for slot in plan.generators]
-    learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner])
+    learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner], storage)
     await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))
     return System(env_workers, buffer, generators, learner, transport, cfg.rollout.weight_bucket_mb,
                   cfg.cluster.weight_sync_timeout_s)

@@ -11,6 +11,10 @@ bundle with a fractional ``num_gpus``; a tensor-parallel generator spans several
 actor on the first and its vLLM workers on the rest. One group for everything, because Ray
 reserves a group atomically: separate groups per role could each hold half of what they need
 and wait on each other forever.
+
+A role's bundles can be kept to nodes that carry given labels (``cluster.learner_labels`` and
+its peers, matched against ``ray start --labels``): on several nodes, that is how the learner's
+ranks stay on one node and the generators and env workers go to the others.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class ResourcePlan:
     env_workers: list[Slot]
     learner: list[Slot]  # one slot per rank; a single CPU rank when learner_gpus is 0
     cluster: dict[str, Any] = field(default_factory=dict)  # the cluster config it came from, for messages
+    labels: list[dict[str, str]] = field(default_factory=list)  # per bundle: node labels it must be placed on ({}: any node)
 
     def totals(self) -> dict[str, float]:
         """Resources the whole plan reserves, by name."""
@@ -102,7 +107,8 @@ def plan_resources(cfg: Any, learner: bool = True) -> ResourcePlan:
     for slot in env_workers:
         gpu = (slot.index % generator_gpus if c["env_colocate"] else layout.new_gpu()) if c["env_worker_gpus"] else None
         layout.place(slot, [] if gpu is None else [gpu])
-    return ResourcePlan(layout.bundles(), c["placement_strategy"], generators, env_workers, learner, c)
+    bundles = layout.bundles()
+    return ResourcePlan(bundles, c["placement_strategy"], generators, env_workers, learner, c, layout.labels(c))
 
 
 class _Layout:
@@ -137,6 +143,24 @@ class _Layout:
             slot.bundles = [len(bundles)]
             bundles.append({"CPU": slot.num_cpus})
         return bundles
+
+
+    def labels(self, c: dict[str, Any]) -> list[dict[str, str]]:
+        """Per bundle (after ``bundles``): the node labels its occupants' roles ask for, which must agree."""
+        occupants: dict[int, list[Slot]] = {}
+        for slot in [s for g in self.gpus for s, _ in g] + self.cpu_slots:
+            for b in slot.bundles:
+                occupants.setdefault(b, []).append(slot)
+        labels = []
+        for b in range(len(self.gpus) + len(self.cpu_slots)):
+            asked = {s.role: dict(c[f"{s.role}_labels"] or {}) for s in occupants.get(b, [])}
+            distinct = {tuple(sorted(v.items())) for v in asked.values()}
+            if len(distinct) > 1:
+                raise TopologyError(f"bundle {b} is shared by {' and '.join(sorted(asked))}, whose node labels differ "
+                                    f"({'; '.join(f'cluster.{r}_labels={v}' for r, v in sorted(asked.items()))}): "
+                                    "give them the same labels, or stop sharing the GPU (cluster.colocate, cluster.env_colocate)")
+            labels.append(next(iter(asked.values()), {}))
+        return labels
 
 
 def _gpu_share(occupants: int) -> float:
@@ -191,8 +215,9 @@ def _validate(c: dict[str, Any], backend: str) -> None:
 # --------------------------------------------------------------------------- checking against a cluster
 
 
-def check_fits(plan: ResourcePlan, cluster_resources: Mapping[str, float], nodes: Iterable[Mapping[str, float]]) -> None:
-    """Raise TopologyError if the cluster (totals, and nodes' resources) cannot hold the plan."""
+def check_fits(plan: ResourcePlan, cluster_resources: Mapping[str, float], nodes: Iterable[Mapping[str, float]],
+               node_labels: Iterable[Mapping[str, str]] | None = None) -> None:
+    """Raise TopologyError if the cluster (totals, and nodes' resources and labels) cannot hold the plan."""
     asked = plan.totals()
     short = [k for k in ("GPU", "CPU") if asked.get(k, 0.0) > cluster_resources.get(k, 0.0) + 1e-9]
     if short:
@@ -202,11 +227,21 @@ def check_fits(plan: ResourcePlan, cluster_resources: Mapping[str, float], nodes
             f"{_indent(plan.describe())}\n{_FIX}"
         )
     nodes = [dict(n) for n in nodes]
-    for i, bundle in enumerate(plan.bundles):
-        if not any(_fits(bundle, n) for n in nodes):
+    labels = [dict(n) for n in node_labels] if node_labels is not None else [{} for _ in nodes]
+    for i, (bundle, wanted) in enumerate(zip(plan.bundles, plan.labels or [{}] * len(plan.bundles))):
+        matching = [n for n, have in zip(nodes, labels) if all(have.get(k) == v for k, v in wanted.items())]
+        if wanted and not matching:
+            raise TopologyError(
+                f"the cluster cannot hold this topology: bundle {i} (for {_occupants(plan, i)}) needs a node labelled "
+                f"{_labels(wanted)}; the nodes have {'; '.join(_labels(n) or 'no labels' for n in labels)} (ray start --labels)\n"
+                f"{_indent(plan.describe())}\nfix: start a node with those labels, or change "
+                f"{', '.join(sorted({f'cluster.{s.role}_labels' for s in plan.slots() if i in s.bundles}))}")
+        nodes_for_bundle = matching if wanted else nodes
+        if not any(_fits(bundle, n) for n in nodes_for_bundle):
             raise TopologyError(
                 f"the cluster cannot hold this topology: bundle {i} ({_resources(bundle)}, for {_occupants(plan, i)}) fits on "
-                f"no single node; the nodes have {'; '.join(_resources(n) for n in nodes) or 'nothing'} (ray.nodes())\n"
+                f"no single node{' labelled ' + _labels(wanted) if wanted else ''}; the nodes have "
+                f"{'; '.join(_resources(n) for n in nodes_for_bundle) or 'nothing'} (ray.nodes())\n"
                 f"{_indent(plan.describe())}\n{_FIX}"
             )
     if plan.strategy == "STRICT_PACK" and not any(_fits(asked, n) for n in nodes):
@@ -244,6 +279,10 @@ def _amounts(gpus: float, cpus: float) -> str:
 
 def _resources(res: Mapping[str, float]) -> str:
     return f"{_num(res.get('GPU', 0.0))} GPU and {_num(res.get('CPU', 0.0))} CPU"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if not k.startswith("ray.io/"))
 
 
 def _indent(text: str) -> str:
@@ -304,10 +343,12 @@ class Reservation:
         remove_placement_group(self.group)
 
 
-def alive_nodes() -> list[dict[str, float]]:
+def alive_nodes() -> tuple[list[dict[str, float]], list[dict[str, str]]]:
+    """The alive nodes' resources, and their labels in the same order."""
     import ray
 
-    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return [dict(n["Resources"]) for n in nodes], [dict(n.get("Labels") or {}) for n in nodes]
 
 
 def reserve(plan: ResourcePlan, timeout_s: float | None = None) -> Reservation:
@@ -315,10 +356,11 @@ def reserve(plan: ResourcePlan, timeout_s: float | None = None) -> Reservation:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    check_fits(plan, ray.cluster_resources(), alive_nodes())
+    check_fits(plan, ray.cluster_resources(), *alive_nodes())
     timeout_s = plan.cluster.get("placement_timeout_s", 120.0) if timeout_s is None else timeout_s
     # Named for the dashboard; unique, because two runs may share a cluster.
-    group = placement_group(plan.bundles, strategy=plan.strategy, name=f"cuda-agent-{uuid.uuid4().hex[:8]}")
+    labelled = {"bundle_label_selector": plan.labels} if any(plan.labels) else {}
+    group = placement_group(plan.bundles, strategy=plan.strategy, name=f"cuda-agent-{uuid.uuid4().hex[:8]}", **labelled)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)

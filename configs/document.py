@@ -70,5 +70,7 @@ def _scalar(value: Any) -> str:
         value = value.value
     if isinstance(value, list) and value:  # flow style keeps a list on its commented line: [1, 5, 10]
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, dict) and value:  # and a mapping: {cuda-agent/role: learner}
+        return "{" + ", ".join(f"{_scalar(k)}: {_scalar(v)}" for k, v in value.items()) + "}"
     text = OmegaConf.to_yaml({"v": value}).strip()
     return text[len("v: "):] if text.startswith("v: ") else text[len("v:"):].strip()

@@ -65,7 +65,21 @@ def load_config(
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError(f"cannot resolve an interpolation: {_first_line(err)}") from err
+    if schema is Config:
+        for key in RUN_FOLDERS:
+            OmegaConf.update(cfg, key, under_root(cfg, OmegaConf.select(cfg, key)))
     return cfg
+
+
+RUN_FOLDERS = ("logging.out_dir", "eval.out_dir", "synth.out_dir")  # relative ones go under storage.root
+
+
+def under_root(cfg: DictConfig, folder: str) -> str:
+    """A run folder under storage.root, unless it is absolute or the root is the current folder."""
+    root = str(cfg.storage.root)
+    if root in ("", ".") or Path(folder).expanduser().is_absolute():
+        return folder
+    return str(Path(root).expanduser() / folder)
 
 
 def _merge(cfg: DictConfig, data: DictConfig, source: str) -> DictConfig:

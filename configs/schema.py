@@ -44,6 +44,12 @@ class StalePolicy(str, Enum):
     downweight = "downweight"  # train on them with weight stale_weight ** (versions beyond max_staleness)
 
 
+class StorageMode(str, Enum):
+    auto = "auto"  # each node reads and writes storage.root in place where it sees it (a probe file the driver writes), through the object store where it does not
+    shared = "shared"  # every node must see storage.root (a shared filesystem): a node that does not fails the run at its start
+    object_store = "object_store"  # every node but the driver's goes through the object store, even where it sees storage.root
+
+
 class KLMode(str, Enum):
     penalty = "penalty"  # -kl_coef * (log mu - log ref) added to each generated token's reward (k1)
     loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
@@ -92,6 +98,9 @@ class ClusterConfig:
     weight_sync_timeout_s: float = 600.0  # a NCCL swap not done by then restarts learner and generator (a peer died mid-broadcast)
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # how Ray places the reserved bundles over nodes
     placement_timeout_s: float = 120.0  # wait this long for the reservation when other jobs hold the resources
+    generator_labels: dict[str, str] = field(default_factory=dict)  # node labels a generator's bundles must match (ray start --labels), e.g. {cuda-agent/role: rollout}; {}: any node (actors/topology.py)
+    env_worker_labels: dict[str, str] = field(default_factory=dict)  # node labels an env worker's bundle must match; {}: any node (actors/topology.py)
+    learner_labels: dict[str, str] = field(default_factory=dict)  # node labels a learner rank's bundle must match, e.g. {cuda-agent/role: learner} to keep the learner on one node; {}: any node (actors/topology.py)
 
 
 @dataclass
@@ -270,6 +279,23 @@ class SynthConfig:
 
 
 @dataclass
+class StorageConfig:
+    root: str = "."  # run folders given as relative paths (logging.out_dir, eval.out_dir, synth.out_dir) go under it: a folder on the driver's node, or on a filesystem every node mounts; `cuda-agent submit` makes it absolute (configs/load.py; actors/storage.py serves it)
+    mode: StorageMode = StorageMode.auto  # how nodes other than the driver's reach the run's files: checkpoints, exports, the model (actors/storage.py)
+    node_dir: str = "~/.cache/cuda-agent/storage"  # on a node that reaches storage.root through the object store: its copies of the files it reads, and what it writes before sending it (actors/storage.py)
+    chunk_mb: int = 64  # files cross between nodes in object-store chunks of this size (actors/storage.py)
+
+
+@dataclass
+class JobConfig:
+    address: str = ""  # Ray Jobs API address (the head's dashboard, http://HEAD:8265); --address wins; "": RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else http://127.0.0.1:8265 (launch/jobs.py)
+    python: str = "python"  # the interpreter that runs the job's driver on the head node: one that imports cuda-agent's dependencies (launch/jobs.py)
+    env_vars: dict[str, str] = field(default_factory=dict)  # environment variables of the job's driver and every actor it starts, e.g. {HF_HOME: /shared/hf} (launch/jobs.py)
+    excludes: list[str] = field(default_factory=lambda: [".venv", ".git", "runs", ".gpu-stack", "build", "*.egg-info", "__pycache__"])  # paths of the package folder not uploaded as the job's working_dir (launch/jobs.py)
+    stop_grace_s: int = 300  # `cuda-agent jobs stop` interrupts the driver (SIGINT: a checkpoint is saved), then kills it after this many seconds (launch/jobs.py)
+
+
+@dataclass
 class LoggingConfig:
     out_dir: str = "runs/default"  # metrics, checkpoints, plots and trajectories go here
     jsonl: bool = True  # metrics.jsonl, one record per step
@@ -288,5 +314,7 @@ class Config:
     stage: StageConfig = field(default_factory=StageConfig)  # which stage of the recipe, and how long
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation sweeps
     synth: SynthConfig = field(default_factory=SynthConfig)  # building training task sets (cuda-agent synth)
+    storage: StorageConfig = field(default_factory=StorageConfig)  # where run folders live, and how other nodes reach them
+    job: JobConfig = field(default_factory=JobConfig)  # cuda-agent submit: the Ray job that runs train, eval or synth on a cluster
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # where results go and how progress shows
     seed: int = 0  # seeds Python, NumPy and torch in every process

@@ -235,7 +235,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from tasks.task import TaskError
 
         raise TaskError("give --policy (run agents) or --solutions (score existing kernels), not both")
-    sweep = build_sweep(cfg, args.policy, args.tasks, args.out, args.solutions)
+    from configs.load import under_root
+
+    sweep = build_sweep(cfg, args.policy, args.tasks, args.out and under_root(cfg, args.out), args.solutions)
     console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}; "
                   f"results in {sweep.out}")
     try:
@@ -255,6 +257,60 @@ def cmd_eval(args: argparse.Namespace) -> int:
             table.add_row(*row)
         console.print(table)
     console.print(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from launch.jobs import COMMANDS, submit
+
+    items = list(args.items)
+    command = items.pop(0) if items and items[0] in COMMANDS else "train"
+    job_id, run_dir = submit(command, items, args.address, args.policy, args.tasks, args.solutions, args.out)
+    console.print(f"submitted {command} as job [bold]{job_id}[/bold]; its run folder: {run_dir} (on the driver's node)")
+    console.print(f"follow it: cuda-agent jobs logs {job_id} --follow; stop it (a checkpoint is saved): "
+                  f"cuda-agent jobs stop {job_id}; submit the same command again to resume")
+    if args.follow:
+        from launch.jobs import logs
+
+        status = logs(job_id, args.address, follow=True)
+        console.print(f"job {job_id}: {status}")
+        return 0 if status == "SUCCEEDED" else 1
+    return 0
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from launch.jobs import list_jobs
+
+    rows = list_jobs(args.address)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title=f"{len(rows)} job(s)")
+    for col in ("id", "status", "command", "run folder", "started", "ended"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["id"], r["status"], f"{r['command']} {r['config']}".strip(), r["run_dir"], r["start"], r["end"])
+    console.print(table)
+    return 0
+
+
+def cmd_jobs_logs(args: argparse.Namespace) -> int:
+    from launch.jobs import logs
+
+    status = logs(args.job_id, args.address, follow=args.follow)
+    if args.follow:
+        err_console.print(f"job {args.job_id}: {status}")
+    return 0
+
+
+def cmd_jobs_stop(args: argparse.Namespace) -> int:
+    from launch.jobs import stop
+
+    status = stop(args.job_id, args.address, args.wait)
+    console.print(f"job {args.job_id}: {status}" + ("" if status in ("STOPPED", "SUCCEEDED", "FAILED") else
+                                                      " (stopping: its driver saves a checkpoint first)"))
     return 0
 
 
@@ -327,6 +383,34 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. synth.tasks=300 synth.out_dir=runs/synth")
     sy.set_defaults(func=cmd_synth)
 
+    sb = sub.add_parser("submit", help="run train (default), eval or synth as a Ray job on a running cluster: "
+                        "[COMMAND] CONFIG files then key=value overrides")
+    sb.add_argument("items", nargs="*", metavar="COMMAND|FILE|key=value",
+                    help="e.g. train cluster-2x8 stage.steps=200, or eval gpu-1xh100 (default command: train)")
+    sb.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: job.address, RAY_ADDRESS, "
+                    "else this machine's)")
+    sb.add_argument("--policy", help="eval: the policy spec, as `cuda-agent eval` takes it (paths on the head node)")
+    sb.add_argument("--tasks", nargs="+", help="eval: problem files or folders on the head node (relative: in the package)")
+    sb.add_argument("--solutions", metavar="DIR", help="eval: score existing solutions in DIR (on the head node)")
+    sb.add_argument("--out", help="eval: output folder (relative: under storage.root)")
+    sb.add_argument("--follow", action="store_true", help="print the job's output until it ends")
+    sb.set_defaults(func=cmd_submit)
+
+    jobs = sub.add_parser("jobs", help="Ray jobs on a cluster: list, logs, stop").add_subparsers(dest="action", required=True)
+    jl = jobs.add_parser("list", help="every job the cluster knows, newest first")
+    jl.add_argument("--json", action="store_true")
+    jl.set_defaults(func=cmd_jobs_list)
+    jg = jobs.add_parser("logs", help="a job's driver output")
+    jg.add_argument("job_id")
+    jg.add_argument("--follow", action="store_true", help="keep printing until the job ends")
+    jg.set_defaults(func=cmd_jobs_logs)
+    js = jobs.add_parser("stop", help="stop a job: its driver saves a checkpoint, then exits")
+    js.add_argument("job_id")
+    js.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for it to end")
+    js.set_defaults(func=cmd_jobs_stop)
+    for p in (jl, jg, js):
+        p.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: RAY_ADDRESS, else this machine's)")
+
     doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
@@ -343,20 +427,22 @@ def main(argv: list[str] | None = None) -> int:
     from launch.embedded_model import ModelPrepareError
     from tasks.task import TaskError
 
+    from actors.storage import StorageError
     from actors.topology import TopologyError
+    from launch.jobs import JobError
     from rollout.policy import PolicyError
 
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     # `eval CONFIG --policy P key=value`: argparse takes one run of positionals, so CONFIG files and
     # overrides typed after an option arrive here; they are the command's items, not errors.
-    if getattr(args, "func", None) is cmd_eval and all(not u.startswith("-") for u in unknown):
+    if getattr(args, "func", None) in (cmd_eval, cmd_submit) and all(not u.startswith("-") for u in unknown):
         args.items += unknown
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError) as err:
+    except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError, StorageError, JobError) as err:
         err_console.print(f"[red]error:[/red] {err}")
         return 2
 

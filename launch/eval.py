@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from actors.generator import GeneratorActor
+from actors.storage import RunStorage, absolute_spec
 from actors.system import retry_while_restarting
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
 from configs.load import ConfigError
@@ -223,6 +224,7 @@ class Sweep:
     policy: str  # a policy spec (rollout/policy.py), or "solutions:DIR"
     out: Path
     solutions: dict[str, dict[str, str]] = field(default_factory=dict)  # --solutions: task id -> files
+    storage: RunStorage = field(default_factory=RunStorage)  # how generators on other nodes reach the policy's files
 
     @property
     def samples(self) -> int:
@@ -312,6 +314,7 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster)
     reservation = None
+    sweep.storage = RunStorage.for_run(cfg.storage, out, [absolute_spec(sweep.policy).partition(":")[2]])
     try:
         plan = plan_resources(cfg, learner=False)
         if sweep.solutions:  # no policy: only env workers do anything
@@ -333,6 +336,7 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     finally:
         if reservation is not None:
             reservation.release()
+        sweep.storage.close()
         if owns_cluster:
             ray.shutdown()
     write_report(out, sweep.cfg, sweep.tasks, sweep.identity())
@@ -361,7 +365,7 @@ def start_generators(sweep: Sweep, reservation: Reservation, workers: list[Any])
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     return [GeneratorActor.options(name=f"cuda-agent-eval-generator-{slot.index}-{os.getpid()}", max_restarts=-1,
                                    max_task_retries=0, **reservation.options(slot))
-            .remote(cfg_dict, workers, None, slot.index, sweep.policy, in_flight(cfg), True)
+            .remote(cfg_dict, workers, None, slot.index, absolute_spec(sweep.policy), in_flight(cfg), True, sweep.storage)
             for slot in reservation.plan.generators]
 
 

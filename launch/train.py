@@ -36,6 +36,7 @@ from actors.buffer import fetch
 from actors.grouping import GroupAssembler
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
+from actors.storage import RunStorage
 from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
@@ -127,7 +128,8 @@ def train(cfg: Any) -> Path:
         heldout.warn_overlap(tasks)
     model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
     state = RecipeState.load(out, model, cfg.stage.resume)
-    system = asyncio.run(start_system(cfg, plan, reservation))
+    storage = RunStorage.for_run(cfg.storage, out, [model, cfg.model.critic_path])
+    system = asyncio.run(start_system(cfg, plan, reservation, storage))
     try:
         for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
             if stage not in state.done:
@@ -136,6 +138,7 @@ def train(cfg: Any) -> Path:
         write_plots(out)
         system.shutdown()
         reservation.release()
+        storage.close()
         if owns_cluster:
             ray.shutdown()
     return out

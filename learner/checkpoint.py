@@ -9,7 +9,9 @@ Layout under a run's checkpoint root:
     latest                      the name of the newest complete checkpoint, written last
 
 ``latest`` is replaced only after every rank has finished writing, so a crash mid-save
-leaves the previous checkpoint as the one to resume from.
+leaves the previous checkpoint as the one to resume from. Where the root is a node's copy of a
+run folder on another node (actors/storage.py), a ``Mirror`` sends each rank's files there
+before ``latest`` is, and deletes what pruning deletes.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -39,20 +41,37 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save_checkpoint(root: str | Path, step: int, engines: dict[str, Any], state: dict[str, Any], keep: int = 0) -> Path:
+class Mirror(Protocol):
+    """Where files written under a checkpoint root must also go, and be deleted from."""
+
+    def publish(self, path: Path) -> None: ...
+
+    def remove(self, path: Path) -> None: ...
+
+
+def save_checkpoint(root: str | Path, step: int, engines: dict[str, Any], state: dict[str, Any], keep: int = 0,
+                    mirror: Mirror | None = None) -> Path:
     """Write checkpoint ``step`` of every engine plus RNG and trainer state; return its folder.
-    Then only the newest ``keep`` checkpoints stay (0 keeps all)."""
+    Then only the newest ``keep`` checkpoints stay (0 keeps all). ``mirror``: this rank sends
+    its node's files there (one rank per node passes it)."""
     folder = Path(root) / f"step_{step:06d}"
     for name, engine in engines.items():
         engine.save_checkpoint(str(folder / name), tag=TAG)
     torch.save(_rng_state(), folder / f"rng_rank{_rank()}.pt")
+    if mirror is not None:
+        mirror.publish(folder)
     _barrier()
     if _rank() == 0:
         (folder / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
         tmp = Path(root) / f".{LATEST}.tmp"
         tmp.write_text(folder.name)
         os.replace(tmp, Path(root) / LATEST)
-        prune_checkpoints(root, keep)
+        if mirror is not None:
+            mirror.publish(folder / "state.json")
+            mirror.publish(Path(root) / LATEST)
+        for old in prune_checkpoints(root, keep):
+            if mirror is not None:
+                mirror.remove(old)
     _barrier()
     return folder
 

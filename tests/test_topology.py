@@ -103,6 +103,29 @@ def test_a_bundle_bigger_than_every_node_is_refused_even_when_the_totals_fit():
 # --------------------------------------------------------------------------- a real Ray cluster
 
 
+NODE_8 = {"CPU": 128.0, "GPU": 8.0}
+
+
+@pytest.mark.parametrize("shape, rollout_nodes", [("cluster-2x8", 1), ("cluster-4x8", 3)])
+def test_multi_node_configs_keep_the_learner_on_its_node_and_rollout_on_the_others(shape, rollout_nodes):
+    plan = plan_resources(config(files=("paper", shape)))
+    learner = {b for s in plan.learner for b in s.bundles}
+    assert len(plan.learner) == 8 and all(plan.labels[b] == {"cuda-agent/role": "learner"} for b in learner)
+    rollout = {b for s in [*plan.generators, *plan.env_workers] for b in s.bundles}
+    assert all(plan.labels[b] == {"cuda-agent/role": "rollout"} for b in rollout) and len(rollout) == 8 * rollout_nodes
+    nodes = [NODE_8] * (1 + rollout_nodes)
+    labels = [{"cuda-agent/role": "learner"}] + [{"cuda-agent/role": "rollout"}] * rollout_nodes
+    check_fits(plan, {"CPU": 128.0 * len(nodes), "GPU": 8.0 * len(nodes)}, nodes, labels)
+    with pytest.raises(TopologyError, match=r"(?s)needs a node labelled cuda-agent/role=learner.*cluster.learner_labels"):
+        check_fits(plan, {"CPU": 128.0 * len(nodes), "GPU": 8.0 * len(nodes)}, nodes, [{"cuda-agent/role": "rollout"}] * len(nodes))
+
+
+def test_roles_sharing_a_gpu_must_ask_for_the_same_node_labels():
+    with pytest.raises(TopologyError, match=r"bundle 0 is shared by env_worker and generator.*cluster.env_worker_labels"):
+        plan_resources(config("cluster.generator_labels.role=a", "cluster.env_worker_labels.role=b",
+                              files=("gpu-2xh200",)))
+
+
 def test_local_cluster_starts_with_the_configured_cpus_and_gpus(cluster):
     assert cluster["CPU"] == 2.0 and cluster["GPU"] == 2.0
 
