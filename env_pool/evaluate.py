@@ -169,13 +169,8 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
             verdict = await _harness(ctx, task, backend, mode, False, scratch, private)
         if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
-    if baseline and verdict.get("eager") and verdict.get("compiled"):
-        measured = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
-        if not _plausible(measured):  # cached for the worker's life: a disturbed measurement must not stick
-            verdict = {"failure": "infra", "message": f"the baselines measured implausibly ({measured}); retried"}
-        else:
-            ctx.baselines[key] = measured
-            ctx.untimeable.pop(key, None)
+    if baseline:
+        verdict = keep_baselines(ctx, key, verdict)
     _judge(ctx, key, verdict, result, timed=mode == "full")
     if unjudged and result.failure is None:
         result.message = (f"speed not judged: this task's reference runs within the timing protocol's own noise on "
@@ -251,6 +246,26 @@ def seal(target: Path) -> None:
     os.chmod(target, 0o555)
     if os.geteuid() == 0:
         os.chown(target, 65534, 65534)
+
+
+def keep_baselines(ctx: EvalContext, key: tuple[str, str], verdict: dict) -> dict:
+    """Cache the baselines a run measured if they are plausible; the verdict to judge.
+
+    A baseline is cached for the worker's life, so a disturbed one must not stick. Without one a
+    candidate the harness passed cannot be judged (infra: retried); one that failed on its own
+    (wrong, a crash, a guard) is judged as it is: no baseline changes that verdict.
+    """
+    if not (verdict.get("eager") and verdict.get("compiled")):
+        return verdict
+    measured = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
+    if _plausible(measured):
+        ctx.baselines[key] = measured
+        ctx.untimeable.pop(key, None)
+        return verdict
+    passed = verdict.get("ok") and not verdict.get("failure") and not verdict.get("violations")
+    if passed:
+        return {"failure": "infra", "message": f"the baselines measured implausibly ({measured}); retried"}
+    return verdict
 
 
 def _plausible(base: Baseline) -> bool:

@@ -135,3 +135,23 @@ def test_only_an_import_that_wanted_the_device_is_tried_again_with_it(log, needs
     from env_pool.cuda_arch import needs_device
 
     assert needs_device(log) is needs
+
+
+NOISY = {"median_ms": 1.5, "iqr_ms": 4.0, "repetitions": 9}  # as CI's 2-core VM timed 03_softmax once: IQR > 2x median
+STEADY = {"median_ms": 1.5, "iqr_ms": 0.1, "repetitions": 9}
+
+
+@pytest.mark.parametrize("verdict, kept, failure", [
+    ({"ok": True, "eager": STEADY, "compiled": STEADY}, True, None),
+    ({"ok": True, "eager": NOISY, "compiled": STEADY}, False, "infra"),  # a pass needs baselines: measured again
+    ({"ok": False, "failure": "wrong", "eager": NOISY, "compiled": STEADY}, False, "wrong"),  # wrong whatever they were
+    ({"ok": True, "violations": [{"guard": "torch_fallback", "reason": "x"}], "eager": NOISY, "compiled": NOISY}, False, None),
+])
+def test_implausible_baselines_are_never_cached_and_fail_only_a_candidate_that_needs_them(verdict, kept, failure):
+    from env_pool.evaluate import EvalContext, keep_baselines
+
+    ctx = EvalContext(cfg=None)
+    judged = keep_baselines(ctx, ("t", "cpp"), verdict)
+    assert (("t", "cpp") in ctx.baselines) is kept
+    assert judged.get("failure") == failure
+    assert judged.get("violations") == verdict.get("violations")  # a guard's finding survives to be judged
