@@ -7,7 +7,10 @@ namespace), so what these tests read on the driver's node came through the objec
 - a training job submitted through the Jobs API, its generator on one node and its learner on
   the other (cluster.*_labels), its model folder hidden from the learner's node too; then
   `jobs logs`, `jobs stop` after the first checkpoint, and the same job submitted again
-  resuming from that checkpoint.
+  resuming from that checkpoint;
+- slow: `make demo`'s recipe (SmolLM2, four stages) as a job with its generator on the node
+  that does not see the run folder, so each stage's export reaches the engine through the
+  object store.
 """
 from __future__ import annotations
 
@@ -29,17 +32,26 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     import ray
+    from ray._private.authentication_test_utils import reset_auth_token_state
 
-    from tests.two_node_cluster import TwoNodeCluster
+    from tests.two_node_cluster import AUTH_MODE, TwoNodeCluster
 
+    assert not ray.is_initialized(), "an earlier test left Ray running"
     base = tmp_path_factory.mktemp("two-nodes")
     nodes = TwoNodeCluster(base / "storage").start()
+    auth = os.environ.get("RAY_AUTH_MODE")
+    # As the cluster's nodes run (tests/two_node_cluster.py). Ray reads the mode into its config
+    # once per process, so the config is read again (Ray's own test helper) for this and after it.
+    os.environ["RAY_AUTH_MODE"] = AUTH_MODE
+    reset_auth_token_state()
     ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
     try:
         yield nodes
     finally:
         ray.shutdown()
         nodes.stop()
+        os.environ.pop("RAY_AUTH_MODE") if auth is None else os.environ.update(RAY_AUTH_MODE=auth)
+        reset_auth_token_state()
 
 
 def node_of(role: str) -> str:
@@ -193,3 +205,58 @@ def test_a_training_job_spans_both_nodes_and_resumes_after_jobs_stop(cluster, ti
     assert not checkpoints.exists(), "a finished stage's checkpoints are removed from the run folder"
     learner_copies = [p for p in copies.glob("*/") if p.name[:12] == node_of("learner")[:12]]
     assert learner_copies and any(learner_copies[0].rglob("tokenizer*")), "the learner's node fetched the model"
+
+
+@pytest.mark.slow
+def test_the_cpu_demo_recipe_as_a_job_with_its_generator_on_the_other_node(cluster):
+    from launch import jobs
+
+    copies = cluster.hidden.parent / "demo-copies"
+    items = ["cpu-demo", f"storage.root={cluster.hidden}", "logging.out_dir=runs/demo", f"storage.node_dir={copies}",
+             "logging.progress=false", f"job.python={sys.executable}",
+             "cluster.generator_labels.cluster-test/node=second",  # the node without the run folder
+             "cluster.env_worker_labels.cluster-test/node=head", "cluster.learner_labels.cluster-test/node=head"]
+    started = time.monotonic()
+    job, run_dir = jobs.submit("train", items, cluster.dashboard)
+    status = jobs.wait(job, cluster.dashboard, timeout_s=1800)
+    log = jobs.client(cluster.dashboard).get_job_logs(job)
+    print(f"[timing] cpu-demo recipe as a two-node job: {time.monotonic() - started:.0f} s")
+    assert status == "SUCCEEDED", log[-3000:]
+    recipe = json.loads((Path(run_dir) / "recipe.json").read_text())
+    assert recipe["done"] == ["single_turn_ppo", "rft", "value_pretrain", "agentic_ppo"]
+    second = next(p for p in copies.glob("*/") if p.name[:12] == node_of("learner")[:12])
+    fetched = {p.parent.parent.name for p in second.rglob("export/policy/config.json")}
+    assert "single_turn_ppo" in fetched, f"no stage export reached the generator's node: {sorted(second.rglob('*'))[:20]}"
+
+
+# --------------------------------------------------------------------------- submit's config, no cluster
+
+
+def test_submit_makes_the_config_a_clusters_and_the_run_folder_absolute(tmp_path, monkeypatch):
+    from launch.jobs import cluster_config, job_argv
+
+    monkeypatch.chdir(tmp_path)
+    cfg = cluster_config(["cpu-demo"], ["logging.out_dir=runs/x"])
+    assert cfg.cluster.address == "auto" and cfg.cluster.num_cpus is None  # cpu-demo sizes a local cluster: not a job's
+    assert cfg.storage.root == str(tmp_path) and cfg.logging.out_dir == str(tmp_path / "runs" / "x")
+    cfg = cluster_config([], ["storage.root=/data/runs", "eval.out_dir=sweep"])
+    assert cfg.eval.out_dir == "/data/runs/sweep"
+    assert job_argv("eval", "vllm:/m", ["a", "b"], None, "out", cfg) == \
+        ["eval", "--policy", "vllm:/m", "--out", "/data/runs/out", "--tasks", "a", "b"]
+    assert job_argv("train", None, None, None, None, cfg) == ["train"]
+
+
+def test_submit_refuses_eval_options_on_train_and_a_bad_key_before_reaching_any_cluster(capsys):
+    from launch.cli import main
+
+    assert main(["submit", "train", "cpu-demo", "--policy", "vllm:embedded", "--address", "http://127.0.0.1:9"]) == 2
+    assert "options of eval, not of train" in capsys.readouterr().err
+    assert main(["submit", "cpu-demo", "stage.stepz=3", "--address", "http://127.0.0.1:9"]) == 2
+    assert "did you mean 'stage.steps'" in capsys.readouterr().err
+
+
+def test_jobs_commands_without_a_cluster_say_how_to_reach_one(capsys):
+    from launch.cli import main
+
+    assert main(["jobs", "list", "--address", "http://127.0.0.1:9"]) == 2
+    assert "no Ray Jobs API at http://127.0.0.1:9" in capsys.readouterr().err

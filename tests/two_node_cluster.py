@@ -22,55 +22,74 @@ from pathlib import Path
 
 import psutil
 
-ROLE = "cuda-agent/role"
+ROLE = "cuda-agent/role"  # as the shipped multi-node configs use it
+NODE = "cluster-test/node"
+AUTH_MODE = "token"  # the processes that talk to the cluster set RAY_AUTH_MODE to this too  # head or second: for tests that put a role where its usual label would not
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: each held until all are found, so none is handed out twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
-def node_ports() -> list[str]:
-    """Ports of a node's own servers: two nodes on one machine must not ask for the same ones."""
-    flags = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
-    return [f"{flag}={free_port()}" for flag in flags]
+NODE_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                   "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
 
 
 class TwoNodeCluster:
     def __init__(self, hidden: Path, head_cpus: int = 3, second_cpus: int = 2):
         # Ray's socket paths must fit in 107 bytes: its temp dirs go in a short folder, not pytest's.
         self.base, self.hidden = Path(tempfile.mkdtemp(prefix="ca2n-", dir="/tmp")), hidden
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        ports = free_ports(3 + 2 * len(NODE_PORT_FLAGS))
+        self.gcs_port, self.dashboard_port, self.client_port = ports[:3]
+        # Ports of each node's own servers: two nodes on one machine must not ask for the same ones.
+        self.head_ports, self.second_ports = ([f"{flag}={port}" for flag, port in zip(NODE_PORT_FLAGS, ports[at:])]
+                                              for at in (3, 3 + len(NODE_PORT_FLAGS)))
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
         self.head_cpus, self.second_cpus = head_cpus, second_cpus
         bin_dir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Token auth on, and said so everywhere: Ray 2.60 turns it on for any local ray.init (and
+        # for a head that finds ~/.ray/auth_token) but not for a node that joins, which then cannot;
+        # and a process that ran a local cluster in token mode cannot use one without it.
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_AUTH_MODE": AUTH_MODE}
         self.env.pop("RAY_ADDRESS", None)
 
     def start(self) -> "TwoNodeCluster":
         ray = str(Path(sys.executable).parent / "ray")
+        self._run([ray, "get-auth-token", "--generate"])  # ~/.ray/auth_token, as a local ray.init makes it
         (self.base / "head").mkdir(parents=True, exist_ok=True)
         (self.base / "second").mkdir(parents=True, exist_ok=True)
         self.hidden.mkdir(parents=True, exist_ok=True)
         self._run([ray, "start", "--head", f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}",
-                   "--include-dashboard=true", f"--ray-client-server-port={free_port()}", f"--num-cpus={self.head_cpus}",
-                   "--num-gpus=0", f"--labels={ROLE}=rollout", f"--temp-dir={self.base / 'head'}",
-                   "--disable-usage-stats", *node_ports()])
+                   "--include-dashboard=true", f"--ray-client-server-port={self.client_port}", f"--num-cpus={self.head_cpus}",
+                   "--num-gpus=0", f"--labels={ROLE}=rollout,{NODE}=head", f"--temp-dir={self.base / 'head'}",
+                   "--disable-usage-stats", *self.head_ports])
         second = [ray, "start", f"--address={self.address}", f"--num-cpus={self.second_cpus}", "--num-gpus=0",
-                  f"--labels={ROLE}=learner", f"--temp-dir={self.base / 'second'}", "--disable-usage-stats", *node_ports()]
+                  f"--labels={ROLE}=learner,{NODE}=second", f"--temp-dir={self.base / 'second'}", "--disable-usage-stats",
+                  *self.second_ports]
         script = f"mount -t tmpfs cuda-agent-hidden {shlex.quote(str(self.hidden))} && exec {shlex.join(second)}"
-        self._run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+        # Once more if the first try cannot reach the head's GCS: seen once on a busy 2-core machine.
+        self._run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], tries=2)
         self._wait_for_nodes(2)
         return self
 
-    def _run(self, argv: list[str]) -> None:
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            self.stop()
-            raise RuntimeError(f"{' '.join(argv[:3])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    def _run(self, argv: list[str], tries: int = 1) -> None:
+        for attempt in range(tries):
+            done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                return
+            time.sleep(2.0)
+        self.stop()
+        raise RuntimeError(f"{' '.join(argv[:3])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
     def _wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
         ray = str(Path(sys.executable).parent / "ray")
