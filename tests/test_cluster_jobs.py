@@ -208,6 +208,7 @@ def test_a_training_job_spans_both_nodes_and_resumes_after_jobs_stop(cluster, ti
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the job's own limit (1800 s) and the cluster's start, past pytest's default 900 s
 def test_the_cpu_demo_recipe_as_a_job_with_its_generator_on_the_other_node(cluster):
     from launch import jobs
 
