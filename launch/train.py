@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from actors.buffer import fetch
+from actors.buffer_client import fetch
 from actors.grouping import GroupAssembler
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
