@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import ray
 from omegaconf import OmegaConf
 
-from actors.buffer import push
+from actors.buffer_client import push
 from actors.storage import RunStorage
 from configs.schema import Config
 from launch.episode import episode_runner

@@ -25,11 +25,12 @@ import ray
 from omegaconf import OmegaConf
 from ray.exceptions import RayActorError
 
-from actors.buffer import TrajectoryBuffer, buffer_options
+from actors.buffer import TrajectoryBuffer
 from actors.generator import GeneratorActor
 from actors.learner import LearnerGroup
 from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
+from actors.trajectory_queue import buffer_options
 from actors.weight_sync import push_weights, resolve_transport
 from env_pool.pool import EnvWorker
 

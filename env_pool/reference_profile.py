@@ -145,7 +145,7 @@ def _device_name(device: str) -> str:
 
 
 def main() -> None:
-    from env_pool.sandbox import child_result_channel
+    from env_pool.result_channel import child_result_channel
 
     payload = msgpack.unpackb(sys.stdin.buffer.read())
     channel = child_result_channel()

@@ -21,7 +21,7 @@ import torch
 from env_pool import guards, nvcc_light
 from env_pool.inputs import make_inputs, make_model
 from env_pool.profile import synchronize
-from env_pool.sandbox import child_exit, child_result_channel
+from env_pool.result_channel import child_exit, child_result_channel
 from env_pool.serve import copy_matching_weights, load_solution, setup_torch, short_error, use_prebuilt_extensions
 from tasks.task import build_problem
 

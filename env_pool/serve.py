@@ -42,8 +42,8 @@ import torch
 from env_pool import guards, seccomp
 from env_pool.inputs import make_model
 from env_pool.profile import synchronize
+from env_pool.result_channel import child_exit, child_result_channel
 from env_pool.rounds import DONE, GO, READY, STOP, Control, Layout, SlotMemory
-from env_pool.sandbox import child_exit, child_result_channel
 from tasks.task import Task, build_problem
 
 SOLUTION_MODULE = "model_new"

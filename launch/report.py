@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from env_pool.results import EvalResult, Milestone
-from launch.metrics import MILESTONE_RATES, PLOTS, REWARD, read_metrics
+from launch.metrics import MILESTONE_RATES, REWARD, read_metrics
+from launch.plots import PLOTS
 from rollout.trajectory import Trajectory
 
 MILESTONE_STYLE = {

@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from actors.buffer import fetch
+from actors.buffer_client import fetch
 from actors.grouping import GroupAssembler
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
@@ -41,7 +41,9 @@ from actors.system import LearnerDied, System, retry_while_restarting, start_sys
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
 from launch.heldout import HeldOutEval
-from launch.metrics import MetricsSink, ProgressDisplay, episode_metrics, write_plots
+from launch.metrics import MetricsSink, episode_metrics
+from launch.plots import write_plots
+from launch.progress import ProgressDisplay
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories
 from tasks.loader import load_tasks

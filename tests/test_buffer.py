@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from actors.buffer import (BufferClosed, TrajectoryBuffer, TrajectoryMeta, TrajectoryQueue, buffer_options, fetch,
-                           push)
+from actors.buffer import TrajectoryBuffer
+from actors.buffer_client import fetch, push
+from actors.trajectory_queue import BufferClosed, TrajectoryMeta, TrajectoryQueue, buffer_options
 from configs.load import load_config
 from rollout.trajectory import Segment, Trajectory, Turn
 

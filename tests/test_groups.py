@@ -114,8 +114,9 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
     import asyncio
 
     import launch.train as driver
-    from actors.buffer import Fetched, TrajectoryMeta, TrajectoryQueue
+    from actors.buffer_client import Fetched
     from actors.system import System
+    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
 
     try:
         from tests.test_policy_version import Remote

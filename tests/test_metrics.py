@@ -7,8 +7,10 @@ import logging
 from types import SimpleNamespace
 
 
-from launch.metrics import (METRICS_FILE, MILESTONE_RATES, PLOTS, REWARD, STALENESS, TB_DIR, TOKENS_PER_S,
-                            MetricsSink, ProgressDisplay, episode_metrics, read_metrics, write_plots)
+from launch.metrics import (METRICS_FILE, MILESTONE_RATES, REWARD, STALENESS, TB_DIR, TOKENS_PER_S, MetricsSink,
+                            episode_metrics, read_metrics)
+from launch.plots import PLOTS, write_plots
+from launch.progress import ProgressDisplay
 
 
 def tensorboard_scalars(out_dir, tag: str) -> list[tuple[int, float]]:

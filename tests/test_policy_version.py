@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from actors.buffer import TrajectoryMeta, TrajectoryQueue
+from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
 from actors.system import System
 from configs.schema import Config, LearnerConfig, LRSchedule
 from launch.train import RecipeState, after_step, setup_learner

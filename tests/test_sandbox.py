@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from env_pool import sandbox
-from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, _HeadTail, run_sandboxed
+from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.sandbox_channels import HeadTail
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
@@ -67,7 +68,7 @@ def test_normal_child_returns_result_and_output(tmp_path, monkeypatch):
     out = run(
         """
         import os, sys
-        from env_pool.sandbox import child_result_channel
+        from env_pool.result_channel import child_result_channel
         channel = child_result_channel()
         data = sys.stdin.buffer.read()
         print("payload", len(data), "home", os.environ["HOME"], "cwd", os.getcwd())
@@ -101,7 +102,7 @@ def test_nonzero_exit_without_result_is_a_crash(tmp_path):
     answered = run(
         """
         import sys
-        from env_pool.sandbox import child_result_channel
+        from env_pool.result_channel import child_result_channel
         child_result_channel().write(b"error report")
         sys.exit(3)
         """,
@@ -457,7 +458,7 @@ def test_child_that_never_reads_stdin_completes(tmp_path):
 def test_large_result_round_trips(tmp_path):
     out = run(
         """
-        from env_pool.sandbox import child_result_channel
+        from env_pool.result_channel import child_result_channel
         with child_result_channel() as ch:
             ch.write(b"r" * (20 << 20))
         """,
@@ -471,7 +472,7 @@ def test_concurrent_runs_do_not_mix(tmp_path):
 
     code = """
         import sys
-        from env_pool.sandbox import child_result_channel
+        from env_pool.result_channel import child_result_channel
         ch = child_result_channel()
         data = sys.stdin.buffer.read()
         print("run", data.decode())
@@ -488,11 +489,11 @@ def test_concurrent_runs_do_not_mix(tmp_path):
 
 
 def test_head_tail_buffer():
-    buf = _HeadTail(10)
+    buf = HeadTail(10)
     for chunk in [b"abc", b"defgh", b"ijklmnop", b"qrstuvwxyz"]:
         buf.add(chunk)
     assert buf.text() == "abcde\n[... 16 bytes of output cut ...]\nvwxyz"
-    small = _HeadTail(100)
+    small = HeadTail(100)
     small.add(b"short")
     assert small.text() == "short"
 
