@@ -81,7 +81,8 @@ def test_field_is_read_where_its_comment_says(key: str, cls: type, name: str):
         assert path.is_file() and not reader.startswith("tests/"), (
             f"config field {key}: its comment names {reader}, which is not a source file of this repository. "
             f"Fix: name the file that reads {key} in {where}")
-        assert name in names_read(path), (
+        reads = name in names_read(path)  # a bool, so that a failure shows the message, not the file's every name
+        assert reads, (
             f"config field {key}: its comment names {reader}, which never reads `.{name}` or `[{name!r}]`. "
             f"Fix: make {reader} read it, point the comment in {where} at the file that does, or remove the "
             f"field (schema, configs/*.yaml, docs) and regenerate configs/defaults.yaml")
