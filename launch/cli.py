@@ -95,14 +95,16 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from configs.load import load_config
     from launch.doctor import diagnose, print_report
 
-    report = diagnose()
+    files, overrides = _split_files_and_overrides(args.items)
+    report = diagnose(load_config(files, overrides), " ".join(args.items) or "defaults")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print_report(report)
-    return 0
+    return 0 if report.ok else 1
 
 
 def cmd_model_prepare(args: argparse.Namespace) -> int:
@@ -411,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (jl, jg, js):
         p.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: RAY_ADDRESS, else this machine's)")
 
-    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
+    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and whether a config can run here (exit 1 when "
+                            "something it needs is missing): CONFIG files then key=value overrides (default: the defaults)")
+    doctor.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo, or gpu-1xh100 model.path=/models/q")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
 
