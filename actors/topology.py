@@ -297,9 +297,10 @@ def _indent(text: str) -> str:
 # --------------------------------------------------------------------------- Ray
 
 
-def start_cluster(cluster: Any) -> dict[str, float]:
+def start_cluster(cluster: Any, init_options: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Start (``address: local``) or join the Ray cluster; returns ray.cluster_resources().
 
+    ``init_options``: more of ray.init's arguments (the run's worker output: actors/run_logs.py).
     Already connected (a test, or a driver running as a Ray job) is kept as it is.
     """
     import ray
@@ -308,7 +309,7 @@ def start_cluster(cluster: Any) -> dict[str, float]:
     # No usage reports: these machines have no network, and a training run should not phone home.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False)
+        common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False, **(init_options or {}))
         if c["address"] == "local":
             # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere.
             ray.init(address="local", num_cpus=c["num_cpus"], num_gpus=c["num_gpus"], **common)

