@@ -82,8 +82,11 @@ def ray_init_options(logging_cfg: Any, run_dir: str | os.PathLike) -> dict[str, 
     env = {key: value for key, value in QUIET.items() if key not in os.environ}
     env[LEVEL_ENV] = level
     # Ray runs the hook before it puts the driver's folders on a worker's path: the workers must
-    # import this checkout (the driver's), not another one installed in the same environment.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    # import this checkout (the driver's), not another one installed in the same environment. A
+    # PYTHONPATH of the driver's own (a Ray job's working_dir sets one) reaches local workers as it is,
+    # and naming it again here would conflict with a job's.
+    if "PYTHONPATH" not in os.environ:
+        env["PYTHONPATH"] = str(PACKAGE_ROOT)
     options: dict[str, Any] = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": HOOK}}
     if mode == "file":
         logs = worker_log_dir(run_dir)
