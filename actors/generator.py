@@ -17,6 +17,7 @@ import ray
 from omegaconf import OmegaConf
 
 from actors.buffer_client import push
+from actors.seeding import derived_seed, seed_process
 from actors.storage import RunStorage
 from configs.schema import Config
 from launch.episode import episode_runner
@@ -32,6 +33,7 @@ class GeneratorActor:
                  policy_spec: str | None = None, episodes_in_flight: int | None = None, keep_solution: bool = False,
                  storage: RunStorage | None = None):
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        seed_process(derived_seed(self.cfg.seed, "generator", index))
         self.index, self.buffer = index, buffer
         self.storage = storage or RunStorage()  # the run's files (exports) and inputs (the model), from any node
         # Training serves cfg.model.path with vLLM; an evaluation sweep may name any policy spec

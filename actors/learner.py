@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import ray
 from omegaconf import OmegaConf
 
+from actors.seeding import derived_seed, seed_process
 from actors.storage import RunStorage, node_id
 from actors.weight_sync import WeightSender
 from configs.schema import Config
@@ -83,6 +84,7 @@ class LearnerActor:
                  storage: RunStorage | None = None):
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_gpu() else "cuda")
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        seed_process(derived_seed(self.cfg.seed, "learner", rank))  # a checkpoint's RNG states win on resume
         self.storage = storage or RunStorage()  # None: every path in place
         self.publishes = True  # the lowest rank on its node sends the node's checkpoint files (set_publisher)
         self.rank, self.world_size = rank, world_size

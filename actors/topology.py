@@ -153,14 +153,19 @@ class _Layout:
                 occupants.setdefault(b, []).append(slot)
         labels = []
         for b in range(len(self.gpus) + len(self.cpu_slots)):
-            asked = {s.role: dict(c[f"{s.role}_labels"] or {}) for s in occupants.get(b, [])}
+            asked = {s.role: dict(c[LABELS_KEY[s.role]] or {}) for s in occupants.get(b, [])}
             distinct = {tuple(sorted(v.items())) for v in asked.values()}
             if len(distinct) > 1:
                 raise TopologyError(f"bundle {b} is shared by {' and '.join(sorted(asked))}, whose node labels differ "
-                                    f"({'; '.join(f'cluster.{r}_labels={v}' for r, v in sorted(asked.items()))}): "
+                                    f"({'; '.join(f'cluster.{LABELS_KEY[r]}={v}' for r, v in sorted(asked.items()))}): "
                                     "give them the same labels, or stop sharing the GPU (cluster.colocate, cluster.env_colocate)")
             labels.append(next(iter(asked.values()), {}))
         return labels
+
+
+# Each role's node-label key, spelled out: a key built from the role's name would hide the
+# fields' readers from a search (and from tests/test_config_fields.py).
+LABELS_KEY = {"generator": "generator_labels", "env_worker": "env_worker_labels", "learner": "learner_labels"}
 
 
 def _gpu_share(occupants: int) -> float:
@@ -235,7 +240,7 @@ def check_fits(plan: ResourcePlan, cluster_resources: Mapping[str, float], nodes
                 f"the cluster cannot hold this topology: bundle {i} (for {_occupants(plan, i)}) needs a node labelled "
                 f"{_labels(wanted)}; the nodes have {'; '.join(_labels(n) or 'no labels' for n in labels)} (ray start --labels)\n"
                 f"{_indent(plan.describe())}\nfix: start a node with those labels, or change "
-                f"{', '.join(sorted({f'cluster.{s.role}_labels' for s in plan.slots() if i in s.bundles}))}")
+                f"{', '.join(sorted({f'cluster.{LABELS_KEY[s.role]}' for s in plan.slots() if i in s.bundles}))}")
         nodes_for_bundle = matching if wanted else nodes
         if not any(_fits(bundle, n) for n in nodes_for_bundle):
             raise TopologyError(
@@ -292,9 +297,10 @@ def _indent(text: str) -> str:
 # --------------------------------------------------------------------------- Ray
 
 
-def start_cluster(cluster: Any) -> dict[str, float]:
+def start_cluster(cluster: Any, init_options: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Start (``address: local``) or join the Ray cluster; returns ray.cluster_resources().
 
+    ``init_options``: more of ray.init's arguments (the run's worker output: actors/run_logs.py).
     Already connected (a test, or a driver running as a Ray job) is kept as it is.
     """
     import ray
@@ -303,7 +309,7 @@ def start_cluster(cluster: Any) -> dict[str, float]:
     # No usage reports: these machines have no network, and a training run should not phone home.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False)
+        common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False, **(init_options or {}))
         if c["address"] == "local":
             # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere.
             ray.init(address="local", num_cpus=c["num_cpus"], num_gpus=c["num_gpus"], **common)

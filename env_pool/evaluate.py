@@ -72,6 +72,7 @@ class EvalContext:
     after_timeout: Any = None  # async callable run, lane still held, when a timed run times out (device_watch.py)
     untimeable: dict[tuple[str, str], tuple[int, float, str]] = field(default_factory=dict)  # (strikes, since, why) per task
     _harness: HarnessProcess | None = None
+    _compiles: asyncio.Semaphore | None = None
 
     def strike(self, key: tuple[str, str], why: str) -> bool:
         """One more baseline of ``key`` within the protocol's noise; True once its speed goes unjudged."""
@@ -96,6 +97,17 @@ class EvalContext:
             self._harness = HarnessProcess(self.work_dir / "harness.log", split_cpus(int(self.cfg.threads)).harness,
                                            {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         return self._harness
+
+    @property
+    def compile_slots(self) -> asyncio.Semaphore:
+        """At most env.compile_workers compiles at once (0: one per CPU left for builds); the rest wait.
+
+        Builds are pinned to those CPUs, so more at once would not finish sooner, and each g++ or
+        nvcc of torch's headers holds 1-2 GB: a burst of episodes must not run a worker out of memory."""
+        if self._compiles is None:
+            workers = int(self.cfg.compile_workers) or len(split_cpus(int(self.cfg.threads)).builds)
+            self._compiles = asyncio.Semaphore(max(1, workers))
+        return self._compiles
 
     @contextlib.asynccontextmanager
     async def timing_lane(self):
@@ -180,8 +192,9 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
 async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     spec = BACKENDS[backend]
     if spec.source in files:
-        built = await asyncio.to_thread(compile_kernel, files, backend, ctx.work_dir / "kernels", ctx.cfg.compile_timeout_s,
-                                        cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
+        async with ctx.compile_slots:
+            built = await asyncio.to_thread(compile_kernel, files, backend, ctx.work_dir / "kernels", ctx.cfg.compile_timeout_s,
+                                            cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
         result.compile_s, result.cache_hit, result.compile_log = built.seconds, built.cache_hit, built.log
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
@@ -199,7 +212,9 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         shutil.copytree(cached, scratch / EXTENSIONS, symlinks=True)
         result.cache_hit = True
     else:
-        outcome, payload = await _import_step(ctx, backend, scratch)
+        async with ctx.compile_slots:  # the import runs the solution's load_inline build
+            begin = time.perf_counter()  # its time, not the wait for a slot
+            outcome, payload = await _import_step(ctx, backend, scratch)
         if outcome.failure or not payload.get("ok"):
             result.compile_s = time.perf_counter() - begin
             result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,6 +17,27 @@ err_console = Console(stderr=True, soft_wrap=True)  # errors stay on one line fo
 def _split_files_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     files = [i for i in items if "=" not in i]
     return files, [i for i in items if "=" in i]
+
+
+def _run_config(files: list[str], overrides: list[str]):
+    """The config of a command that runs something; our loggers take its logging.level."""
+    from actors.run_logs import set_log_level
+    from configs.load import load_config
+
+    cfg = load_config(files, overrides)
+    set_log_level(cfg.logging.level)
+    return cfg
+
+
+def _point_at_worker_output(cfg, run_dir, since: float) -> None:
+    """A run begun at ``since`` failed: where its Ray workers' output went (logging.actor_logs=file), and
+    their last traceback."""
+    from actors.run_logs import failure_report
+
+    if str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file":
+        report = failure_report(run_dir, since)
+        if report:
+            err_console.print(report, markup=False, highlight=False)
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -95,14 +117,16 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from configs.load import load_config
     from launch.doctor import diagnose, print_report
 
-    report = diagnose()
+    files, overrides = _split_files_and_overrides(args.items)
+    report = diagnose(load_config(files, overrides), " ".join(args.items) or "defaults")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print_report(report)
-    return 0
+    return 0 if report.ok else 1
 
 
 def cmd_model_prepare(args: argparse.Namespace) -> int:
@@ -124,12 +148,11 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
 
     from omegaconf import OmegaConf
 
-    from configs.load import load_config
     from env_pool.pool import EnvPool
     from launch.report import print_eval_result
     from tasks.task import TaskError
 
-    cfg = load_config(args.config or [], args.overrides)
+    cfg = _run_config(args.config or [], args.overrides)
     task = _find_task(args.task, args.tasks)
     folder = Path(args.solution)
     if not folder.is_dir():
@@ -165,13 +188,12 @@ def _find_task(name: str, paths: list[str] | None):
 def cmd_episode(args: argparse.Namespace) -> int:
     import asyncio
 
-    from configs.load import load_config
     from launch.episode import run_single_episode
     from launch.report import print_transcript
 
     overrides = list(args.overrides) + ([f"env.backend={args.backend}"] if args.backend else [])
     overrides += [f"rollout.max_turns={args.max_turns}"] if args.max_turns else []
-    cfg = load_config(args.config or [], overrides)
+    cfg = _run_config(args.config or [], overrides)
     task = _find_task(args.task, args.tasks)
     traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet))
     print_transcript(traj, console)
@@ -180,16 +202,18 @@ def cmd_episode(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from configs.load import load_config
     from launch.train import train
 
-    files, overrides = _split_files_and_overrides(args.items)
-    cfg = load_config(files, overrides)
+    cfg = _run_config(*_split_files_and_overrides(args.items))
+    started = time.time()
     try:
         out = train(cfg)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: a checkpoint was saved in {cfg.logging.out_dir}; run the same command to resume")
         return 130
+    except Exception:
+        _point_at_worker_output(cfg, cfg.logging.out_dir, started)
+        raise
     from launch.report import print_training_summary
 
     print_training_summary(out, console)
@@ -198,11 +222,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from configs.load import load_config
     from launch.synth import run_synth
 
-    files, overrides = _split_files_and_overrides(args.items)
-    cfg = load_config(files, overrides)
+    cfg = _run_config(*_split_files_and_overrides(args.items))
     try:
         report = run_synth(cfg, progress=cfg.logging.progress)
     except KeyboardInterrupt:
@@ -222,7 +244,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from configs.load import load_config
     from launch.eval import build_sweep, run_sweep
     from launch.eval_report import headline_rows
 
@@ -230,7 +251,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # --tasks takes several values, so overrides typed after it land there: give them back.
     overrides += [t for t in args.tasks or [] if "=" in t and not Path(t).exists()]
     args.tasks = [t for t in args.tasks or [] if t not in overrides] or None
-    cfg = load_config(files, overrides)
+    cfg = _run_config(files, overrides)
     if args.solutions and args.policy:
         from tasks.task import TaskError
 
@@ -240,11 +261,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     sweep = build_sweep(cfg, args.policy, args.tasks, args.out and under_root(cfg, args.out), args.solutions)
     console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}; "
                   f"results in {sweep.out}")
+    started = time.time()
     try:
         out = run_sweep(sweep, progress=cfg.logging.progress and not args.quiet, console=err_console)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: finished episodes are in {sweep.out}/results.jsonl; run the same command to continue")
         return 130
+    except Exception:
+        _point_at_worker_output(cfg, sweep.out, started)
+        raise
     summary_path = out / "summary.json"
     if summary_path.exists():
         from rich.table import Table
@@ -411,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (jl, jg, js):
         p.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: RAY_ADDRESS, else this machine's)")
 
-    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and which kernel backends can run here")
+    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and whether a config can run here (exit 1 when "
+                            "something it needs is missing): CONFIG files then key=value overrides (default: the defaults)")
+    doctor.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo, or gpu-1xh100 model.path=/models/q")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
 

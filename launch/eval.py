@@ -39,6 +39,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from actors.generator import GeneratorActor
+from actors.run_logs import ray_init_options
+from actors.seeding import seed_process
 from actors.storage import RunStorage, absolute_spec
 from actors.system import retry_while_restarting
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
@@ -311,8 +313,9 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     if not todo and not pending_passes(sweep, records):  # a finished sweep: only the report is rewritten
         write_report(out, sweep.cfg, sweep.tasks, sweep.identity())
         return out
+    seed_process(cfg.seed)
     owns_cluster = not ray.is_initialized()
-    start_cluster(cfg.cluster)
+    start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
     reservation = None
     sweep.storage = RunStorage.for_run(cfg.storage, out, [absolute_spec(sweep.policy).partition(":")[2]])
     try:

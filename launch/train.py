@@ -36,6 +36,8 @@ from actors.buffer_client import fetch
 from actors.grouping import GroupAssembler
 from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
+from actors.run_logs import ray_init_options
+from actors.seeding import seed_process
 from actors.storage import RunStorage
 from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
@@ -67,9 +69,9 @@ class RecipeState:
     stage_s: dict[str, float] = field(default_factory=dict)  # wall seconds of each finished stage, in the run that finished it
 
     @classmethod
-    def load(cls, out: Path, policy: str, resume: bool) -> "RecipeState":
+    def load(cls, out: Path, policy: str, resume: bool, critic: str | None = None) -> "RecipeState":
         path = out / "recipe.json"
-        return cls(**json.loads(path.read_text())) if resume and path.exists() else cls(policy=policy)
+        return cls(**json.loads(path.read_text())) if resume and path.exists() else cls(policy=policy, critic=critic)
 
     def save(self, out: Path) -> None:
         tmp = out / "recipe.json.tmp"
@@ -112,14 +114,27 @@ def check_groups(cfg: Any) -> None:
                           "episodes of its task: set stage.group_size to 2 or more")
 
 
+def critic_folder(path: str | None) -> str | None:
+    """model.critic_path as a folder, checked before anything starts (None: the policy's weights and a fresh value head)."""
+    if not path:
+        return None
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"model.critic_path {path!r} is not a model folder (no config.json): give a critic a "
+                          "value-pretraining stage exported (RUN/value_pretrain/export/critic), or unset it")
+    return str(folder.resolve())
+
+
 def train(cfg: Any) -> Path:
     check_sampling(cfg)
     check_groups(cfg)
+    critic = critic_folder(cfg.model.critic_path)
+    seed_process(cfg.seed)
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heldout = HeldOutEval.from_config(cfg, out)  # before Ray starts: a bad held-out set fails now
     owns_cluster = not ray.is_initialized()
-    start_cluster(cfg.cluster)
+    start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
     plan = plan_resources(cfg)
     check_learner_ranks(cfg, len(plan.learner))
     reservation = reserve(plan)
@@ -129,8 +144,8 @@ def train(cfg: Any) -> Path:
     if heldout is not None:
         heldout.warn_overlap(tasks)
     model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-    state = RecipeState.load(out, model, cfg.stage.resume)
-    storage = RunStorage.for_run(cfg.storage, out, [model, cfg.model.critic_path])
+    state = RecipeState.load(out, model, cfg.stage.resume, critic)
+    storage = RunStorage.for_run(cfg.storage, out, [model, critic])
     system = asyncio.run(start_system(cfg, plan, reservation, storage))
     try:
         for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):

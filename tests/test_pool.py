@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from env_pool.pool import EnvPool
 from tasks.task import Task
@@ -63,3 +64,23 @@ def test_a_task_too_fast_to_time_is_verified_only_after_three_baselines_in_vain(
     again = asyncio.run(pool.evaluate(task, FIRST_KERNEL, "full"))
     assert (again.failure, int(again.milestone), pool.stats.retried) == (None, 1, 2), again.message
     assert again.message.startswith("speed not judged") and ("tiny/first_element", "cpp") not in pool.ctx.baselines
+
+
+def test_compiles_beyond_env_compile_workers_wait_for_a_slot(tmp_path):
+    # Each g++ or nvcc of torch's headers holds 1-2 GB: a worker runs env.compile_workers at once.
+    assert EnvPool({"work_dir": str(tmp_path), "compile_workers": 3}).ctx.compile_slots._value == 3
+    task = Task(id="tiny/first_element", level=1, source=TOO_FAST)
+
+    async def compile_while_the_only_slot_is_held() -> tuple[bool, Any]:
+        pool = EnvPool({"work_dir": str(tmp_path), "compile_workers": 1})
+        first = await pool.evaluate(task, FIRST_KERNEL, "compile")  # built once: the next is a cache hit (milliseconds)
+        assert first.failure is None, f"{first.failure}: {first.message}"
+        async with pool.ctx.compile_slots:  # another candidate's compile holds the worker's only slot
+            waiting = asyncio.ensure_future(pool.evaluate(task, FIRST_KERNEL, "compile"))
+            await asyncio.sleep(2.0)
+            compiled_meanwhile = waiting.done()
+        return compiled_meanwhile, await waiting
+
+    compiled_meanwhile, result = asyncio.run(compile_while_the_only_slot_is_held())
+    assert not compiled_meanwhile, "the compile ran although env.compile_workers=1 and the slot was taken"
+    assert result.failure is None and result.cache_hit, f"{result.failure}: {result.message}"
