@@ -226,10 +226,10 @@ class StageConfig:
     name: StageName = StageName.recipe  # launch/train.py: which training stage to run
     steps: int = 100  # launch/train.py: optimiser steps in this stage
     batch_episodes: int = 16  # launch/train.py: episodes per learner step
-    max_staleness: int = 1  # actors/buffer.py: trajectories more than this many policy versions old are stale (see stale_policy)
-    stale_policy: StalePolicy = StalePolicy.drop  # actors/buffer.py: what happens to stale trajectories: drop or downweight
-    stale_weight: float = 0.5  # actors/buffer.py: with downweight: the loss weight is this to the power of the versions beyond max_staleness
-    buffer_capacity: int = 64  # actors/buffer.py: trajectories the buffer holds before generators' puts wait (backpressure)
+    max_staleness: int = 1  # actors/trajectory_queue.py: trajectories more than this many policy versions old are stale (see stale_policy)
+    stale_policy: StalePolicy = StalePolicy.drop  # actors/trajectory_queue.py: what happens to stale trajectories: drop or downweight
+    stale_weight: float = 0.5  # actors/trajectory_queue.py: with downweight: the loss weight is this to the power of the versions beyond max_staleness
+    buffer_capacity: int = 64  # actors/trajectory_queue.py: trajectories the buffer holds before generators' puts wait (backpressure)
     sync_every: int = 1  # launch/train.py: push weights to generators every this many learner steps
     checkpoint_every: int = 10  # launch/train.py: save a checkpoint every this many steps
     keep_checkpoints: int = 2  # actors/learner.py: newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
