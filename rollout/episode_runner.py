@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Iterable
 from asyncio_throttle import Throttler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from env_pool.workspace import Workspace
+from rollout.workspace import Workspace
 from rollout.env_client import EnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest, Policy

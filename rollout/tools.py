@@ -19,11 +19,11 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from env_pool.evaluate import SOLUTION_FILE
 from env_pool.results import EvalResult, Milestone
-from env_pool.workspace import Workspace, WorkspaceError
+from rollout.workspace import Workspace, WorkspaceError
 from rollout.env_client import EnvClient
 from rollout.trajectory import ToolCall
+from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
 MESSAGE_MAX_CHARS = 1500  # of an evaluation's message: the first errors say what to fix; the rest is noise

@@ -19,7 +19,7 @@ from configs.load import load_config
 from configs.schema import EnvConfig
 from env_pool.pool import EnvPool
 from env_pool.results import Milestone
-from env_pool.workspace import Workspace
+from rollout.workspace import Workspace
 from rollout.env_client import LocalEnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest

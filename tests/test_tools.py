@@ -16,7 +16,7 @@ import pytest
 
 from env_pool.pool import EnvPool
 from env_pool.results import EvalResult, Milestone
-from env_pool.workspace import Workspace
+from rollout.workspace import Workspace
 from rollout.env_client import EnvClient, LocalEnvClient
 from rollout.parser import parse_tool_calls
 from rollout.skill import skill_text
