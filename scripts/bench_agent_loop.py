@@ -304,12 +304,11 @@ def build_loop(policy, cfg, task, streams: int, timeline: Timeline) -> Any:
     from omegaconf import OmegaConf
 
     from env_pool.pool import EnvPool
-    from launch.episode import episode_runner
     from rollout.env_client import LocalEnvClient
-    from rollout.episode_runner import jobs_for
+    from rollout.episode_runner import EpisodeRunner, jobs_for
 
     env = LocalEnvClient(EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True)))
-    runner = episode_runner(cfg, TimedPolicy(policy, timeline), TimedEnv(env, timeline))
+    runner = EpisodeRunner.from_config(cfg, TimedPolicy(policy, timeline), TimedEnv(env, timeline))
     run_one = runner.run_one
 
     async def timed_run_one(job: Any) -> Any:
