@@ -314,7 +314,7 @@ async def test_openai_policy_throttles_requests_per_second():
 def test_packed_weights_round_trip_exactly_in_buckets_of_the_asked_size():
     import torch
 
-    from rollout.vllm_worker_ext import pack_tensors, unpack_tensors
+    from rollout.weight_packing import pack_tensors, unpack_tensors
 
     tensors = [("scalar", torch.tensor(3.5)), ("bf16", torch.randn(64, 64).to(torch.bfloat16)),
                ("empty", torch.zeros(0, 2)), ("strided", torch.arange(12).view(3, 4).t()),
@@ -330,7 +330,7 @@ def test_packed_weights_round_trip_exactly_in_buckets_of_the_asked_size():
 def test_flat_buckets_round_trip_every_dtype_and_shape_at_aligned_offsets():
     import torch
 
-    from rollout.vllm_worker_ext import bucket_layout, flatten_bucket, unflatten_bucket
+    from learner.weight_wire import bucket_layout, flatten_bucket, unflatten_bucket
 
     named = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(3)),
              ("d", torch.tensor(2.5)), ("e", torch.empty(0, 4))]
