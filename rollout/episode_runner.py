@@ -21,7 +21,7 @@ from rollout.env_client import EnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest, Policy
 from rollout.skill import skill_text
-from rollout.tools import ToolBox
+from rollout.toolbox import ToolBox
 from rollout.trajectory import Trajectory
 from rollout.workspace import Workspace, default_root
 

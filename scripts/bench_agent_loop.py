@@ -214,7 +214,7 @@ def episode_prompt(tokenizer, task) -> list[int]:
     so that raw generation prefills what the loop prefills."""
     from rollout.chat import ChatFormat
     from rollout.episode import system_prompt, task_prompt
-    from rollout.tools import TOOLS, format_tool_prompt
+    from rollout.tool_specs import TOOLS, format_tool_prompt
 
     schemas = [t.schema() for t in TOOLS if not t.cuda_only]
     messages = [{"role": "system", "content": system_prompt("", format_tool_prompt(schemas, "hermes"))},
