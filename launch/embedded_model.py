@@ -134,7 +134,7 @@ def resolve_policy(spec: str, cfg: Any) -> tuple[str, Any]:
     paths as folders: "embedded" is prepared (once) and named by its folder.
 
     The launcher does this, not the policy: preparing the embedded model is a launch step (like
-    ``cuda-agent prepare-model``), and the rollout layer only loads folders it is given. Only
+    ``cuda-agent model prepare``), and the rollout layer only loads folders it is given. Only
     what the spec's policy reads is resolved: vllm:MODEL_DIR's folder, or model.path where a
     replay policy loads its tokenizer from it; an openai: policy never converts a model it does
     not use. ``cfg`` comes back unchanged unless model.path was resolved (then as a copy).
