@@ -20,25 +20,25 @@ from actors.buffer_client import push
 from actors.seeding import derived_seed, seed_process
 from actors.storage import RunStorage
 from configs.schema import Config
-from launch.episode import episode_runner
 from rollout.env_client import RayEnvClient
-from rollout.episode_runner import Job
+from rollout.episode_runner import EpisodeRunner, Job
 from rollout.policy import make_policy
 from tasks.task import Task
 
 
 @ray.remote
 class GeneratorActor:
-    def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int = 0,
-                 policy_spec: str | None = None, episodes_in_flight: int | None = None, keep_solution: bool = False,
+    def __init__(self, cfg: Mapping[str, Any], env_workers: list[Any], buffer: Any, index: int, policy_spec: str,
+                 episodes_in_flight: int | None = None, keep_solution: bool = False,
                  storage: RunStorage | None = None):
         self.cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         seed_process(derived_seed(self.cfg.seed, "generator", index))
         self.index, self.buffer = index, buffer
         self.storage = storage or RunStorage()  # the run's files (exports) and inputs (the model), from any node
-        # Training serves cfg.model.path with vLLM; an evaluation sweep may name any policy spec
-        # (rollout/policy.py), and keeps each episode's final solution files for its report.
-        self.policy_spec = policy_spec or f"vllm:{self.cfg.model.path}"
+        # Training serves its model with vLLM; an evaluation sweep may name any policy spec
+        # (rollout/policy.py), and keeps each episode's final solution files for its report. The
+        # launcher resolved the spec's model folder ("embedded" prepared) before handing it here.
+        self.policy_spec = policy_spec
         self.episodes_in_flight, self.keep_solution = episodes_in_flight, keep_solution
         self.env_workers = env_workers
         self.policy = None  # the engine starts on first use, inside the actor's event loop
@@ -66,8 +66,8 @@ class GeneratorActor:
             if self.policy is None:
                 self.policy = make_policy(await asyncio.to_thread(self._local_spec), self.cfg)
             if self.runner is None:
-                self.runner = episode_runner(self.cfg, self.policy, RayEnvClient(self.env_workers), self.max_turns,
-                                             self.episodes_in_flight, self.keep_solution)
+                self.runner = EpisodeRunner.from_config(self.cfg, self.policy, RayEnvClient(self.env_workers),
+                                                        self.max_turns, self.episodes_in_flight, self.keep_solution)
 
     def _local_spec(self) -> str:
         """The policy spec with its model folder or replay file as this node reaches it."""

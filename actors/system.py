@@ -127,9 +127,12 @@ class System:
             ray.kill(actor, no_restart=True)
 
 
-async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, storage: RunStorage | None = None) -> System:
+async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, model: str,
+                       storage: RunStorage | None = None) -> System:
     """Create every actor in its reserved bundle and start the engines (in parallel: they are slow).
-    ``storage``: how actors on other nodes than the driver's reach the run folder and the model."""
+    ``model``: the policy's model folder (cfg.model.path as the launcher resolved it), which the
+    generators serve. ``storage``: how actors on other nodes than the driver's reach the run
+    folder and the model."""
     transport = resolve_transport(cfg.cluster)
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     env_cfg = cfg_dict["env"]
@@ -139,7 +142,7 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, s
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
     generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,
                                          **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index,
-                                                                             storage=storage)
+                                                                             f"vllm:{model}", storage=storage)
                   for slot in plan.generators]
     learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner], storage)
     await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))

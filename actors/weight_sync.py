@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from learner.weight_wire import bucket_layout, flatten_bucket, ipc_handle
 from learner.weights import iter_weight_buckets
-from rollout.vllm_worker_ext import bucket_layout, flatten_bucket, ipc_handle
 
 TRANSPORTS = ("object_store", "nccl", "ipc")
 

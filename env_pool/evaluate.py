@@ -36,9 +36,9 @@ from env_pool.harness_process import HarnessProcess
 from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
-SOLUTION_FILE = "model_new.py"
 # -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
 # torch.py cannot replace what the runner imports before its guards are armed.
 RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]

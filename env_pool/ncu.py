@@ -31,9 +31,10 @@ from typing import Mapping
 
 import msgpack
 
-from env_pool.evaluate import SOLUTION_FILE, EvalContext, _compile_step
+from env_pool.evaluate import EvalContext, _compile_step
 from env_pool.results import EvalResult
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
+from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")

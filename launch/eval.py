@@ -47,6 +47,7 @@ from actors.topology import Reservation, plan_resources, reserve, start_cluster
 from configs.load import ConfigError
 from env_pool.pool import EnvWorker
 from env_pool.results import EvalResult, Milestone
+from launch.embedded_model import resolve_policy
 from rollout.env_client import RayEnvClient
 from tasks.loader import load_tasks
 from tasks.task import Task, TaskError
@@ -227,6 +228,11 @@ class Sweep:
     out: Path
     solutions: dict[str, dict[str, str]] = field(default_factory=dict)  # --solutions: task id -> files
     storage: RunStorage = field(default_factory=RunStorage)  # how generators on other nodes reach the policy's files
+    # The policy as the generators build it (run_sweep sets these, when there is work to do): the
+    # spec with its model folder resolved ("embedded" prepared) and made absolute, and the config
+    # with model.path resolved where the policy reads it. `policy` stays as given: it is identity.
+    served_spec: str = ""
+    served_cfg: Any = None
 
     @property
     def samples(self) -> int:
@@ -314,10 +320,14 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
         write_report(out, sweep.cfg, sweep.tasks, sweep.identity())
         return out
     seed_process(cfg.seed)
+    # Before Ray starts, so that a model path that is not a folder fails at once; only with
+    # episodes to run, so that post passes alone never prepare the embedded model.
+    spec, sweep.served_cfg = resolve_policy(sweep.policy, cfg) if todo else (sweep.policy, cfg)
+    sweep.served_spec = absolute_spec(spec)
     owns_cluster = not ray.is_initialized()
     start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
     reservation = None
-    sweep.storage = RunStorage.for_run(cfg.storage, out, [absolute_spec(sweep.policy).partition(":")[2]])
+    sweep.storage = RunStorage.for_run(cfg.storage, out, [sweep.served_spec.partition(":")[2]])
     try:
         plan = plan_resources(cfg, learner=False)
         if sweep.solutions:  # no policy: only env workers do anything
@@ -364,11 +374,11 @@ async def _run_todo(sweep: Sweep, reservation: Reservation, todo: list[tuple[Tas
 
 
 def start_generators(sweep: Sweep, reservation: Reservation, workers: list[Any]) -> list[Any]:
-    cfg = sweep.cfg
+    cfg = sweep.served_cfg
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     return [GeneratorActor.options(name=f"cuda-agent-eval-generator-{slot.index}-{os.getpid()}", max_restarts=-1,
                                    max_task_retries=0, **reservation.options(slot))
-            .remote(cfg_dict, workers, None, slot.index, absolute_spec(sweep.policy), in_flight(cfg), True, sweep.storage)
+            .remote(cfg_dict, workers, None, slot.index, sweep.served_spec, in_flight(cfg), True, sweep.storage)
             for slot in reservation.plan.generators]
 
 

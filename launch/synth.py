@@ -114,11 +114,12 @@ class _LLMComposer:
     """Candidates written by a policy (synth.policy) from a prompt naming the operators to fuse (tasks/synth/llm_compose.py)."""
 
     def __init__(self, cfg, ops):
+        from launch.embedded_model import resolve_policy
         from rollout.chat import ChatFormat
         from rollout.policy import make_policy
 
         self.cfg, self.ops = cfg, ops
-        self.policy = make_policy(cfg.synth.policy, cfg)
+        self.policy = make_policy(*resolve_policy(cfg.synth.policy, cfg))
         self.chat = ChatFormat.of(self.policy.tokenizer) if self.policy.token_level else None
         self.loop = asyncio.new_event_loop()
         self.ready: dict[int, Candidate | None] = {}

@@ -146,7 +146,7 @@ def train(cfg: Any) -> Path:
     model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
     state = RecipeState.load(out, model, cfg.stage.resume, critic)
     storage = RunStorage.for_run(cfg.storage, out, [model, critic])
-    system = asyncio.run(start_system(cfg, plan, reservation, storage))
+    system = asyncio.run(start_system(cfg, plan, reservation, model, storage))
     try:
         for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
             if stage not in state.done:

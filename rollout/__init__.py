@@ -1,1 +1,1 @@
-"""The agent: ReAct loop, tools, SKILL.md, policies, trajectories."""
+"""The agent: ReAct loop, workspace, tools, SKILL.md, policies, trajectories."""

@@ -28,7 +28,9 @@ from env_pool.results import EvalResult
 from rollout.chat import ChatFormat
 from rollout.parser import ParseResult, from_openai_tool_calls, parse_tool_calls
 from rollout.policy import Generation, GenerationRequest, Policy
-from rollout.tools import ToolBox, ToolResult, format_tool_prompt
+from rollout.tool_results import ToolResult
+from rollout.tool_specs import format_tool_prompt
+from rollout.toolbox import ToolBox
 from rollout.trajectory import Segment, ToolCall, Trajectory, Turn
 
 ELIDED = "[observation elided to fit the context budget ({chars} characters); call the tool again if you need it]"

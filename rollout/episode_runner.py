@@ -17,13 +17,13 @@ from typing import Any, AsyncIterator, Iterable
 from asyncio_throttle import Throttler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from env_pool.workspace import Workspace
 from rollout.env_client import EnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest, Policy
 from rollout.skill import skill_text
-from rollout.tools import ToolBox
+from rollout.toolbox import ToolBox
 from rollout.trajectory import Trajectory
+from rollout.workspace import Workspace, default_root
 
 
 @dataclass
@@ -83,6 +83,24 @@ class EpisodeRunner:
         self.skill, self.skill_in_prompt = skill_text(backend), skill_in_prompt
         # Evaluation keeps what the final evaluation judged (traj.meta["solution"]) for its report and audit.
         self.keep_solution = keep_solution
+
+    @classmethod
+    def from_config(cls, cfg: Any, policy: Policy, env: EnvClient, max_turns: int | None = None,
+                    episodes_in_flight: int | None = None, keep_solution: bool = False) -> "EpisodeRunner":
+        """A runner wired from the whole Config's rollout and env sections (workspaces beside the
+        environment's work dir). ``max_turns`` and ``episodes_in_flight`` override the config's
+        (a stage's or a sweep's budget)."""
+        settings = EpisodeSettings.from_config(cfg.rollout, cfg.env.reward.failure, max_turns)
+        return cls(
+            policy, env, settings,
+            backend=str(getattr(cfg.env.backend, "value", cfg.env.backend)),
+            workspace_root=default_root(cfg.env.work_dir),
+            observation_max_chars=cfg.rollout.observation_max_chars,
+            episodes_in_flight=episodes_in_flight or cfg.rollout.episodes_in_flight,
+            generate_rate=cfg.rollout.generation_rps,
+            skill_in_prompt=cfg.rollout.skill_in_prompt,
+            keep_solution=keep_solution,
+        )
 
     async def run_one(self, job: Job) -> Trajectory:
         async with self.slots:

@@ -8,8 +8,9 @@ return text (and structured tool calls); they serve evaluation, never training.
 
 Specs, as `cuda-agent episode --policy` and `eval.policy` take them:
 
-    vllm:MODEL_DIR          a Hugging Face folder served in-process by vLLM; "vllm:embedded" is
-                            the prepared SmolLM2-135M-Instruct (launch/embedded_model.py)
+    vllm:MODEL_DIR          a Hugging Face folder served in-process by vLLM ("vllm:embedded", the
+                            SmolLM2-135M-Instruct that launch/embedded_model.py prepares, is
+                            resolved to its folder by the launcher before a spec reaches here)
     openai:URL[#MODEL]      an OpenAI-compatible endpoint (URL ends in /v1); MODEL defaults to
                             the first model the endpoint lists
     replay:FILE             scripted assistant turns from a JSON or YAML list (tests, demos)
@@ -17,6 +18,7 @@ Specs, as `cuda-agent episode --policy` and `eval.policy` take them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 FINISH_REASONS = ("stop", "length")
@@ -71,7 +73,9 @@ SPEC_FORMS = "vllm:MODEL_DIR (or vllm:embedded), openai:URL[#MODEL], replay:FILE
 def make_policy(spec: str, cfg: Any, tokenizer: Any = None) -> Policy:
     """Build the policy a spec names. cfg is the whole Config (model, rollout sections).
 
-    A replay policy needs a tokenizer: pass one, or it loads cfg.model.path's.
+    A replay policy needs a tokenizer: pass one, or it loads cfg.model.path's. Model paths
+    (vllm:MODEL_DIR, cfg.model.path) must be folders: preparing the embedded model is the
+    launcher's job (launch/embedded_model.resolve_policy), done before the spec is passed down.
     """
     kind, sep, target = spec.partition(":")
     if not sep or not target:
@@ -79,7 +83,7 @@ def make_policy(spec: str, cfg: Any, tokenizer: Any = None) -> Policy:
     if kind == "vllm":
         from rollout.vllm_policy import VLLMPolicy
 
-        return VLLMPolicy.from_config(_model_dir(target, cfg), cfg)
+        return VLLMPolicy.from_config(_model_dir(target), cfg)
     if kind == "openai":
         from rollout.openai_policy import OpenAIPolicy
 
@@ -93,15 +97,13 @@ def make_policy(spec: str, cfg: Any, tokenizer: Any = None) -> Policy:
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(_model_dir(cfg.model.path, cfg))
+            tokenizer = AutoTokenizer.from_pretrained(_model_dir(cfg.model.path))
         return ReplayPolicy(target, tokenizer)
     raise PolicyError(f"policy spec {spec!r}: unknown kind {kind!r}; use one of {SPEC_FORMS}")
 
 
-def _model_dir(path: str, cfg: Any) -> str:
-    from launch.embedded_model import ModelPrepareError, resolve_model_path
-
-    try:
-        return resolve_model_path(path, cfg.model.cache_dir)
-    except ModelPrepareError as e:
-        raise PolicyError(str(e)) from e
+def _model_dir(path: str) -> str:
+    if not Path(path).expanduser().is_dir():
+        raise PolicyError(f"model path {path!r} is not a folder; give a Hugging Face model folder "
+                          f"('embedded' is resolved to one by the launcher, not here)")
+    return str(Path(path).expanduser())

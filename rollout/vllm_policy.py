@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from rollout.policy import Generation, GenerationRequest, PolicyError
-from rollout.vllm_worker_ext import pack_tensors
+from rollout.weight_packing import pack_tensors
 
 WORKER_EXTENSION = "rollout.vllm_worker_ext.WeightUpdateExtension"
 SWAP_MODES = ("wait", "keep")

@@ -17,8 +17,7 @@ across two reloads would be processed half-loaded.
 
 Transports, each a staging method that ends in ``_cuda_agent_stage``:
 - ``cuda_agent_stage_packed``: tensors travel inside the RPC message as raw bytes (the CPU
-  path, and a fallback anywhere). The message codec carries bytes natively on every vLLM
-  version, whereas its tensor encoding changed between versions.
+  path, and a fallback anywhere; rollout/weight_packing.py).
 - ``cuda_agent_stage_nccl``: the learner's rank 0 broadcasts each bucket, flattened into one
   byte buffer, over a NCCL group of itself and this engine's workers (``cuda_agent_join_group``
   sets it up once; vLLM's own StatelessProcessGroup and PyNcclCommunicator, which leave
@@ -26,110 +25,21 @@ Transports, each a staging method that ends in ``_cuda_agent_stage``:
   only the bucket's layout. For a learner on other GPUs.
 - ``cuda_agent_stage_ipc``: the learner shares each flattened bucket as a CUDA IPC handle and
   the worker copies it out of the learner's memory. For a learner on the same GPU (colocated).
-The flat layout (``flatten_bucket``/``unflatten_bucket``) is shared by the last two.
+The last two receive the learner's flat buckets in its wire format (learner/weight_wire.py),
+the one learner module this one may import.
 
 Every method returns a status dict instead of raising: an exception inside a worker RPC
 can take the engine down with it, and a failed swap must leave a serving engine behind.
 """
 from __future__ import annotations
 
-import math
-import pickle
 import time
 import traceback
-from typing import Any, Iterable, Iterator
 
 import torch
 
-# A packed tensor: (name, dtype name as in torch, shape, raw bytes in C order).
-PackedTensor = tuple[str, str, list[int], bytes]
-
-
-def pack_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[PackedTensor]]:
-    """Group tensors into buckets of about bucket_bytes (a larger tensor gets a bucket of its own).
-
-    Buckets bound the size of one RPC message, so a large model never has its whole state
-    serialised into one message.
-    """
-    bucket: list[PackedTensor] = []
-    size = 0
-    for name, tensor in named_tensors:
-        t = tensor.detach().to("cpu").contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # the shape travels apart
-        if bucket and size + len(data) > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), data))
-        size += len(data)
-    if bucket:
-        yield bucket
-
-
-def unpack_tensors(packed: Iterable[Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, dtype, shape, data in packed:
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"weight {name!r}: unknown dtype {dtype!r}")
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-        yield name, raw.view(torch_dtype).reshape(shape)
-
-
-# One tensor's place in a flattened bucket: (name, dtype name, shape, byte offset).
-FlatEntry = tuple[str, str, list[int], int]
-_ALIGN = 16  # each tensor starts on a 16-byte boundary, so every dtype's view of the bytes is aligned
-
-
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def bucket_layout(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[FlatEntry], int]:
-    """Where each tensor of a bucket lies in its flat byte buffer, and the buffer's size."""
-    layout, size = [], 0
-    for name, t in named:
-        layout.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), size))
-        size = _aligned(size + t.numel() * t.element_size())
-    return layout, size
-
-
-def flatten_bucket(named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[FlatEntry]]:
-    """The bucket's tensors copied into one uint8 buffer on their device: one broadcast or one
-    IPC handle per bucket instead of one per tensor."""
-    layout, size = bucket_layout(named)
-    flat = torch.empty(size, dtype=torch.uint8, device=named[0][1].device)
-    for (_, t), (_, _, _, offset) in zip(named, layout):
-        n = t.numel() * t.element_size()
-        flat[offset:offset + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    return flat, layout
-
-
-def unflatten_bucket(flat: torch.Tensor, layout: Iterable[Any]) -> list[tuple[str, torch.Tensor]]:
-    """Views of ``flat`` in the bucket's layout (no copy)."""
-    out = []
-    for name, dtype, shape, offset in layout:
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"weight {name!r}: unknown dtype {dtype!r}")
-        n = math.prod(shape) * torch_dtype.itemsize
-        out.append((name, flat[offset:offset + n].view(torch_dtype).reshape(shape)))
-    return out
-
-
-def ipc_handle(flat: torch.Tensor) -> bytes:
-    """A CUDA IPC handle for ``flat``, as bytes. It is pickled because vLLM's RPC codec does not
-    carry torch's rebuild function; only our own learner produces these bytes."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    return pickle.dumps(reduce_tensor(flat))
-
-
-def open_ipc_handle(handle: bytes, device: torch.device) -> torch.Tensor:
-    """The learner's tensor, mapped into this process. The learner's device index is its own
-    numbering; the tensor lives on the GPU this worker sees as ``device``."""
-    rebuild, args = pickle.loads(handle)
-    args = list(args)
-    args[6] = device.index if device.index is not None else torch.cuda.current_device()
-    return rebuild(*args)
+from learner.weight_wire import open_ipc_handle, unflatten_bucket  # the learner's wire format: a declared boundary
+from rollout.weight_packing import unpack_tensors
 
 
 def _failure(what: str, e: BaseException) -> dict:

@@ -214,7 +214,7 @@ def episode_prompt(tokenizer, task) -> list[int]:
     so that raw generation prefills what the loop prefills."""
     from rollout.chat import ChatFormat
     from rollout.episode import system_prompt, task_prompt
-    from rollout.tools import TOOLS, format_tool_prompt
+    from rollout.tool_specs import TOOLS, format_tool_prompt
 
     schemas = [t.schema() for t in TOOLS if not t.cuda_only]
     messages = [{"role": "system", "content": system_prompt("", format_tool_prompt(schemas, "hermes"))},
@@ -304,12 +304,11 @@ def build_loop(policy, cfg, task, streams: int, timeline: Timeline) -> Any:
     from omegaconf import OmegaConf
 
     from env_pool.pool import EnvPool
-    from launch.episode import episode_runner
     from rollout.env_client import LocalEnvClient
-    from rollout.episode_runner import jobs_for
+    from rollout.episode_runner import EpisodeRunner, jobs_for
 
     env = LocalEnvClient(EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True)))
-    runner = episode_runner(cfg, TimedPolicy(policy, timeline), TimedEnv(env, timeline))
+    runner = EpisodeRunner.from_config(cfg, TimedPolicy(policy, timeline), TimedEnv(env, timeline))
     run_one = runner.run_one
 
     async def timed_run_one(job: Any) -> Any:

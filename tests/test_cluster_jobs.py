@@ -44,8 +44,8 @@ def cluster(tmp_path_factory):
     # once per process, so the config is read again (Ray's own test helper) for this and after it.
     os.environ["RAY_AUTH_MODE"] = AUTH_MODE
     reset_auth_token_state()
-    ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
     try:
+        ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
         yield nodes
     finally:
         ray.shutdown()

@@ -19,13 +19,13 @@ from configs.load import load_config
 from configs.schema import EnvConfig
 from env_pool.pool import EnvPool
 from env_pool.results import Milestone
-from env_pool.workspace import Workspace
 from rollout.env_client import LocalEnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest
 from rollout.replay_policy import ReplayPolicy
-from rollout.tools import ToolBox
+from rollout.toolbox import ToolBox
 from rollout.trajectory import Trajectory
+from rollout.workspace import Workspace
 from tasks.loader import load_tasks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -151,6 +151,23 @@ async def test_make_policy_builds_replay_and_openai_policies_from_specs(tmp_path
     assert make_policy("openai:https://api.example.com/v1", _config()).model is None  # asked from /models later
 
 
+def test_make_policy_takes_model_folders_and_the_launcher_resolves_the_rest(tmp_path, tiny_model_dir):
+    from launch.embedded_model import ModelPrepareError, resolve_policy
+
+    with pytest.raises(PolicyError, match="'embedded' is resolved to one by the launcher"):
+        make_policy("vllm:embedded", _config())  # the rollout layer never prepares a model itself
+    cfg = _config()  # model.path=embedded: an openai policy does not read it, so nothing is converted
+    assert resolve_policy("openai:http://127.0.0.1:9/v1", cfg) == ("openai:http://127.0.0.1:9/v1", cfg)
+    assert resolve_policy(f"vllm:{tiny_model_dir}", cfg) == (f"vllm:{tiny_model_dir}", cfg)
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps(SCRIPT))
+    spec, resolved = resolve_policy(f"replay:{script}", OmegaConf.merge(cfg, {"model": {"path": str(tiny_model_dir)}}))
+    assert spec == f"replay:{script}" and resolved.model.path == str(tiny_model_dir)
+    assert isinstance(make_policy(spec, resolved), ReplayPolicy)  # its tokenizer loaded from the folder
+    with pytest.raises(ModelPrepareError, match="is not a folder"):
+        resolve_policy(f"replay:{script}", OmegaConf.merge(cfg, {"model": {"path": str(tmp_path / "none")}}))
+
+
 # --------------------------------------------------------------------------- OpenAIPolicy, against a local server
 
 
@@ -297,7 +314,7 @@ async def test_openai_policy_throttles_requests_per_second():
 def test_packed_weights_round_trip_exactly_in_buckets_of_the_asked_size():
     import torch
 
-    from rollout.vllm_worker_ext import pack_tensors, unpack_tensors
+    from rollout.weight_packing import pack_tensors, unpack_tensors
 
     tensors = [("scalar", torch.tensor(3.5)), ("bf16", torch.randn(64, 64).to(torch.bfloat16)),
                ("empty", torch.zeros(0, 2)), ("strided", torch.arange(12).view(3, 4).t()),
@@ -313,7 +330,7 @@ def test_packed_weights_round_trip_exactly_in_buckets_of_the_asked_size():
 def test_flat_buckets_round_trip_every_dtype_and_shape_at_aligned_offsets():
     import torch
 
-    from rollout.vllm_worker_ext import bucket_layout, flatten_bucket, unflatten_bucket
+    from learner.weight_wire import bucket_layout, flatten_bucket, unflatten_bucket
 
     named = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(3)),
              ("d", torch.tensor(2.5)), ("e", torch.empty(0, 4))]

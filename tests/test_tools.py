@@ -16,12 +16,14 @@ import pytest
 
 from env_pool.pool import EnvPool
 from env_pool.results import EvalResult, Milestone
-from env_pool.workspace import Workspace
 from rollout.env_client import EnvClient, LocalEnvClient
 from rollout.parser import parse_tool_calls
 from rollout.skill import skill_text
-from rollout.tools import ToolBox, format_tool_prompt, truncate
+from rollout.tool_results import truncate
+from rollout.tool_specs import format_tool_prompt
+from rollout.toolbox import ToolBox
 from rollout.trajectory import ToolCall
+from rollout.workspace import Workspace
 from tasks.loader import load_task_file, load_tasks
 from tasks.task import Task
 

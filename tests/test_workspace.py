@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from env_pool.workspace import MAX_FILE_BYTES, MAX_FILES, Workspace, WorkspaceError, default_root
+from rollout.workspace import MAX_FILE_BYTES, MAX_FILES, Workspace, WorkspaceError, default_root
 from tasks.task import Task
 
 SOURCE = "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"

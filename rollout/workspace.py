@@ -3,9 +3,13 @@
 It holds the task's ``reference.py`` and ``SKILL.md`` (read-only to the agent) and the files
 the agent writes: ``model_new.py``, the backend's kernel source (``kernel.cpp`` or
 ``kernel.cu``), headers it includes, helper ``.py`` modules, and notes. ``solution_files()``
-is what ``env_pool.evaluate.evaluate`` takes; the evaluation copies them into a scratch folder
-of its own, so nothing here is ever run in place. The verifier's seeds and expected outputs
-live under the environment's private folder, never here.
+is what the environment's evaluation takes (``EnvClient.evaluate``); the evaluation copies them
+into a scratch folder of its own, so nothing here is ever run in place. The verifier's seeds and
+expected outputs live under the environment's private folder, never here.
+
+It lives in rollout, not in env_pool: only the agent's tools and the episode runner use it, and
+what crosses to the environment is the plain dict of ``solution_files()``. The file names both
+sides must agree on are the solution format's (tasks/solution.py).
 
 Names are flat (no sub-folders): the compiler and the evaluation take plain file names, and a
 flat namespace leaves no room for path tricks. Every rule broken raises ``WorkspaceError``
@@ -22,8 +26,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from env_pool.compile import BACKENDS
-from env_pool.evaluate import SOLUTION_FILE
+from tasks.solution import KERNEL_FILES, SOLUTION_FILE
 from tasks.task import Task
 
 REFERENCE_FILE = "reference.py"
@@ -55,8 +58,8 @@ class Workspace:
     def create(cls, root: str | Path, episode_id: str, task: Task, backend: str, skill_text: str) -> "Workspace":
         """A fresh workspace for one episode (one left by an earlier run of the same id is replaced)."""
         backend = str(getattr(backend, "value", backend))  # configs.schema.Backend or its name
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(BACKENDS)}")
+        if backend not in KERNEL_FILES:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(KERNEL_FILES)}")
         if not _EPISODE_ID.match(episode_id) or ".." in episode_id:
             raise ValueError(f"episode_id {episode_id!r} must be a plain name (letters, digits, '_', '-', '.')")
         path = Path(os.path.expanduser(str(root))) / episode_id
@@ -114,11 +117,11 @@ class Workspace:
 
     @property
     def kernel_source(self) -> str:
-        return BACKENDS[self.backend].source
+        return KERNEL_FILES[self.backend].source
 
     @property
     def allowed_suffixes(self) -> tuple[str, ...]:
-        return (".py", *BACKENDS[self.backend].headers, *NOTE_SUFFIXES)
+        return (".py", *KERNEL_FILES[self.backend].headers, *NOTE_SUFFIXES)
 
     def _resolve(self, name: object) -> tuple[str, Path]:
         """(the plain file name, its path), or WorkspaceError saying which rule the name breaks."""
@@ -143,7 +146,7 @@ class Workspace:
 
     def _check_writable_name(self, name: str) -> None:
         other = {"cpp": "cuda", "cuda": "cpp"}[self.backend]
-        if name == BACKENDS[other].source:
+        if name == KERNEL_FILES[other].source:
             raise WorkspaceError(f"{name} is the {other} backend's kernel source; this task runs on the {self.backend} "
                                  f"backend, which compiles {self.kernel_source}")
         if name == SOLUTION_FILE:
