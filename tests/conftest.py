@@ -33,3 +33,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     except ImportError:  # tests/ is on sys.path itself under pytest's default import mode
         from tiny_model import build_tiny_model
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer (the policy tests tokenize with it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)

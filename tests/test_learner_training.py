@@ -37,7 +37,7 @@ def learner_dist():
     yield
     dist.destroy_process_group()
     # DeepSpeed caches groups of the destroyed default group; a later init in this process
-    # (tests/test_stack.py) would be handed those dead groups.
+    # (tests/test_deepspeed_cpu.py) would be handed those dead groups.
     from deepspeed.utils import groups
 
     for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
