@@ -73,6 +73,11 @@ def set_log_level(level: str) -> None:
         logger.addHandler(handler)
 
 
+def quiet_libraries() -> None:
+    """Turn vLLM and transformers down in this process, as in the workers; what the shell sets wins."""
+    os.environ.update({key: value for key, value in QUIET.items() if key not in os.environ})
+
+
 def ray_init_options(logging_cfg: Any, run_dir: str | os.PathLike) -> dict[str, Any]:
     """ray.init's arguments for a run writing to ``run_dir``: the workers' environment and where their output goes."""
     mode = str(getattr(logging_cfg.actor_logs, "value", logging_cfg.actor_logs))

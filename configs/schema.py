@@ -307,7 +307,7 @@ class LoggingConfig:
     tensorboard: bool = True  # launch/metrics.py: TensorBoard event files under out_dir/tb
     progress: bool = True  # launch/train.py, launch/cli.py: live progress display on the terminal
     level: str = "INFO"  # launch/cli.py, actors/run_logs.py: level of cuda-agent's own loggers (cuda_agent.*) in the driver and every Ray worker: DEBUG, INFO, WARNING, ERROR or CRITICAL; at INFO a run whose output is not a terminal logs a line per step
-    actor_logs: ActorLogs = ActorLogs.file  # actors/run_logs.py, launch/cli.py: where the Ray workers' own output goes: file (RUN/logs/, one file per worker process; a failed run prints the last traceback found there) or console; either way vLLM logs at WARNING and transformers shows no progress bars in the workers, unless this shell sets VLLM_LOGGING_LEVEL, TRANSFORMERS_VERBOSITY or HF_HUB_DISABLE_PROGRESS_BARS
+    actor_logs: ActorLogs = ActorLogs.file  # actors/run_logs.py, launch/cli.py: where the Ray workers' own output goes: file (RUN/logs/, one file per worker process; a failed run prints the last traceback found there) or console; either way vLLM logs at WARNING and transformers shows no progress bars in the workers, unless this shell sets VLLM_LOGGING_LEVEL, TRANSFORMERS_VERBOSITY or HF_HUB_DISABLE_PROGRESS_BARS; with file, `cuda-agent episode` (its engine in its own process) is turned down the same way
 
 
 @dataclass

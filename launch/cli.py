@@ -188,12 +188,18 @@ def _find_task(name: str, paths: list[str] | None):
 def cmd_episode(args: argparse.Namespace) -> int:
     import asyncio
 
-    from launch.episode import run_single_episode
-    from launch.report import print_transcript
+    from actors.run_logs import quiet_libraries
 
     overrides = list(args.overrides) + ([f"env.backend={args.backend}"] if args.backend else [])
     overrides += [f"rollout.max_turns={args.max_turns}"] if args.max_turns else []
     cfg = _run_config(args.config or [], overrides)
+    # The engine runs in this process here, not in an actor: quieted as the actors are, before
+    # vLLM and transformers are imported (they read their levels then).
+    if str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file":
+        quiet_libraries()
+    from launch.episode import run_single_episode
+    from launch.report import print_transcript
+
     task = _find_task(args.task, args.tasks)
     traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet))
     print_transcript(traj, console)
