@@ -5,6 +5,7 @@ import math
 import time
 
 from tests.chat_inputs import CODE, free_port, report_timing
+from tests.dist_teardown import destroy_process_group
 
 
 def test_deepspeed_zero2_cpu_training_steps_reduce_the_loss(tiny_model_dir, monkeypatch, capsys):
@@ -69,5 +70,4 @@ def test_deepspeed_zero2_cpu_training_steps_reduce_the_loss(tiny_model_dir, monk
         changed = [n for n, p in engine.module.named_parameters() if not torch.equal(p.detach(), before[n])]
         assert len(changed) == len(before)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from configs.schema import LearnerConfig, LRSchedule, RFTConfig
+from tests.dist_teardown import destroy_process_group
 
 try:
     from tests.learner_toy import OBSERVATION, PROMPT, make_trajectory, sample_episodes
@@ -35,14 +36,7 @@ def learner_dist():
     saved = {k: os.environ.get(k) for k in DIST_ENV}
     init_distributed()
     yield
-    dist.destroy_process_group()
-    # DeepSpeed caches groups of the destroyed default group; a later init in this process
-    # (tests/test_deepspeed_cpu.py) would be handed those dead groups.
-    from deepspeed.utils import groups
-
-    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
-                 "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
-        setattr(groups, name, None)
+    destroy_process_group()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
