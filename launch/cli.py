@@ -250,8 +250,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from launch.eval import build_sweep, run_sweep
-    from launch.eval_report import headline_rows
+    from launch.eval import build_sweep, run_sweep, write_report_of
+    from tasks.task import TaskError
 
     files, overrides = _split_files_and_overrides(args.items)
     # --tasks takes several values, so overrides typed after it land there: give them back.
@@ -259,29 +259,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     args.tasks = [t for t in args.tasks or [] if t not in overrides] or None
     cfg = _run_config(files, overrides)
     if args.solutions and args.policy:
-        from tasks.task import TaskError
-
         raise TaskError("give --policy (run agents) or --solutions (score existing kernels), not both")
     from configs.load import under_root
 
     sweep = build_sweep(cfg, args.policy, args.tasks, args.out and under_root(cfg, args.out), args.solutions)
+    if args.report_only:  # a stopped sweep's report, for the problems it finished
+        if not write_report_of(sweep):
+            raise TaskError(f"no finished episodes of these problems in {sweep.out}/results.jsonl: nothing to report")
+        return _print_eval_summary(sweep.out, sweep.policy)
     console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}; "
                   f"results in {sweep.out}")
     started = time.time()
     try:
         out = run_sweep(sweep, progress=cfg.logging.progress and not args.quiet, console=err_console)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: finished episodes are in {sweep.out}/results.jsonl; run the same command to continue")
+        err_console.print(f"interrupted: finished episodes are in {sweep.out}/results.jsonl; run the same command to "
+                          "continue, or add --report-only for a report of them")
         return 130
     except Exception:
         _point_at_worker_output(cfg, sweep.out, started)
         raise
+    return _print_eval_summary(out, sweep.policy)
+
+
+def _print_eval_summary(out: Path, policy: str) -> int:
+    from launch.eval_report import headline_rows
+
     summary_path = out / "summary.json"
     if summary_path.exists():
         from rich.table import Table
 
         header, rows = headline_rows(json.loads(summary_path.read_text()))
-        table = Table(title=f"evaluation: {sweep.policy}")
+        table = Table(title=f"evaluation: {policy}")
         for col in header:
             table.add_column(col)
         for row in rows:
@@ -404,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     evp.add_argument("--solutions", metavar="DIR", help="score existing solutions in DIR instead of running a policy")
     evp.add_argument("--out", help="output folder (default: eval.out_dir)")
     evp.add_argument("--quiet", action="store_true", help="no live progress display")
+    evp.add_argument("--report-only", action="store_true", help="run nothing: write the report of the episodes "
+                     "already finished in the output folder (a stopped sweep's)")
     evp.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("train", help="run a training stage or the whole recipe: CONFIG files then key=value overrides")

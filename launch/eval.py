@@ -305,6 +305,16 @@ class SweepProgress:
         self.bar.__exit__(*exc)
 
 
+def write_report_of(sweep: Sweep) -> dict[str, Path]:
+    """The report of the episodes the sweep's folder holds (none: {}); runs nothing."""
+    from launch.eval_report import write_report
+
+    if not (sweep.out / RESULTS).exists():
+        return {}
+    check_identity(sweep.out, sweep.identity())
+    return write_report(sweep.out, sweep.cfg, sweep.tasks, sweep.identity())
+
+
 def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = None) -> Path:
     """Run what is missing, the post passes, and the report; returns the output folder."""
     from launch.eval_report import write_report
