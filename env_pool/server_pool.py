@@ -31,6 +31,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import uuid
@@ -114,18 +115,24 @@ class Server:
         return self.box.get("outcome")
 
     def take_files(self, scratch: Path) -> None:
-        """Move the candidate's files (sources, its sealed kernel.so, its load_inline build) into this server's folder."""
+        """Copy the candidate's files (sources, its sealed kernel.so, its load_inline build) into this server's folder.
+
+        Copied, not moved: a retry of the same request (harness.handle, after the harness ran out
+        of device memory) takes them again into a fresh server; moved, they were gone, and a correct
+        kernel on one of KernelBench's 6 GiB problems came back a compile error (H100 sweep).
+        ``cp -a`` keeps links as links and every owner and mode: a sealed library stays sealed.
+        """
         if scratch.resolve() == self.cwd.resolve():
             return
-        for entry in scratch.iterdir():
-            if entry.name == "tmp":  # the sandbox's own per-run folder: this server has its own
-                continue
+        entries = [e for e in scratch.iterdir() if e.name != "tmp"]  # tmp: the sandbox's own; this server has its own
+        for entry in entries:
             target = self.cwd / entry.name
             if target.is_dir() and not target.is_symlink():  # made by the server's start-up (a cache folder)
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
-            os.rename(entry, target)
+        if entries:
+            subprocess.run(["cp", "-a", "--", *map(str, entries), str(self.cwd)], check=True, capture_output=True)
 
     def give(self, payload: dict, fds: tuple[int, int]) -> None:
         """The run: the round memory's descriptors, then the payload (and the move to the servers' CPUs)."""

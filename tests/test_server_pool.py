@@ -101,3 +101,32 @@ def test_timed_rounds_on_a_gpu_are_shielded_from_start_ups_whatever_the_cpus(mon
     pool.spec = server_pool.ServerSpec(device=device, threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(),
                                        cpus=(), startup_cpus=(), trusted=False, inductor_dir="", root="/nonexistent")
     assert pool.shielded() is shielded
+
+
+def test_a_server_takes_copies_so_a_retry_of_the_request_finds_the_files(tmp_path):
+    """The harness retries a request in a fresh server after running out of device memory: the
+    first server must leave the candidate's files where the second takes them, sealed as before
+    (on the H100, moved files made a correct kernel on a 6 GiB problem a compile error)."""
+    from types import SimpleNamespace
+
+    from env_pool.evaluate import seal
+    from env_pool.server_pool import Server
+
+    scratch = tmp_path / "scratch"
+    (scratch / "build").mkdir(parents=True)
+    (scratch / "model_new.py").write_text("class ModelNew: pass\n")
+    (scratch / "build" / "ext.so").write_bytes(b"\x7fELF")
+    (scratch / "build" / "outside").symlink_to("/etc/hostname")
+    (scratch / "kernel.so").write_bytes(b"\x7fELF")
+    seal(scratch / "kernel.so")
+    (scratch / "tmp").mkdir()
+    sealed = (scratch / "kernel.so").stat()
+    for name in ("first", "retry"):
+        cwd = tmp_path / name
+        (cwd / "build").mkdir(parents=True)  # a folder of the same name from the server's start-up
+        Server.take_files(SimpleNamespace(cwd=cwd), scratch)
+        assert (cwd / "model_new.py").read_text() == "class ModelNew: pass\n", name
+        assert (cwd / "build" / "ext.so").exists() and (cwd / "build" / "outside").is_symlink(), name
+        kernel = (cwd / "kernel.so").stat()
+        assert (kernel.st_mode & 0o777, kernel.st_uid) == (sealed.st_mode & 0o777, sealed.st_uid), name
+        assert not (cwd / "tmp").exists(), name
