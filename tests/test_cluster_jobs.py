@@ -157,6 +157,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+@pytest.mark.slow  # 181 s on 2 cores; the storage tests keep both nodes in the default suite
 def test_a_training_job_spans_both_nodes_and_resumes_after_jobs_stop(cluster, tiny_model_dir, capsys):
     from launch import jobs
     from launch.cli import main

@@ -64,7 +64,8 @@ def test_legitimate_kernel_passes(pools, tasks, folder: Path, case: dict):
     assert result.milestone == Milestone.CORRECT and len(result.checks) == 5 and all(c.passed for c in result.checks)
 
 
-@pytest.mark.parametrize("name", ["gelu_omp", "matmul_tiled"])
+# gelu_omp is slow (129 s on 2 cores: its memory-bound baselines time noisily there and are retried)
+@pytest.mark.parametrize("name", [pytest.param("gelu_omp", marks=pytest.mark.slow), "matmul_tiled"])
 def test_legitimate_kernel_is_timed_against_both_baselines(pools, tasks, name: str):
     folder = CORPUS / "legit" / name
     result = evaluate(pools, tasks, folder, json.loads((folder / "case.json").read_text()), "full")

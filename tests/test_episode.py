@@ -176,6 +176,7 @@ def episode_tokens_of_prompt(task, tokenizer, tmp_path) -> list[int]:
     return ChatFormat(tokenizer).render(ep.messages)
 
 
+@pytest.mark.slow  # 93 s on 2 cores; the vLLM episode test keeps episodes against the real env in the default suite
 def test_cli_episode_replays_a_known_solution_to_a_milestone(tmp_path):
     """`cuda-agent episode --policy replay:FILE` writes the files, verifies, submits; the real env judges."""
     files = {name: (GELU / name).read_text() for name in ("model_new.py", "kernel.cpp")}

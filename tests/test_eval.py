@@ -178,6 +178,15 @@ def test_solutions_are_scored_without_a_policy_in_kernelbench_layouts(tmp_path):
     assert records["01_gelu"]["milestone"] >= 1, records["01_gelu"]["message"]
     assert records["02_swish"]["failure"] == "guard", "a plain torch ModelNew computes with torch: the fallback guard"
     assert json.loads((out / "sweep.json").read_text())["policy"] == f"solutions:{sol.resolve()}"
+    # --report-only runs nothing and writes the report of what the folder holds (a stopped sweep's)
+    (out / "report.md").unlink()
+    again = eval_cli("--solutions", str(sol), "--tasks", str(STARTER / "01_gelu.py"), str(STARTER / "02_swish.py"),
+                     "--out", str(out), "--report-only", env_dir=tmp_path / "env", timeout=300)
+    assert again.returncode == 0 and "01_gelu" in (out / "report.md").read_text(), again.stderr[-2000:]
+    assert len(lines(out / "results.jsonl")) == 2, "nothing was evaluated again"
+    empty = eval_cli("--solutions", str(sol), "--tasks", str(STARTER / "01_gelu.py"), "--out", str(tmp_path / "none"),
+                     "--report-only", env_dir=tmp_path / "env", timeout=300)
+    assert empty.returncode == 2 and "nothing to report" in empty.stderr and empty.stderr.count("\n") == 1, empty.stderr
 
 
 def test_a_missing_problem_path_or_solutions_folder_is_one_line(tmp_path):

@@ -24,6 +24,7 @@ def test_every_steps_without_a_held_out_set_is_refused_before_any_actor_starts(t
         train(cfg)
 
 
+@pytest.mark.slow  # 96 s on 2 cores: training and a sweep
 def test_training_logs_a_held_out_sweep_to_jsonl_and_tensorboard(tiny_model_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,6 +1,8 @@
 """env_pool.pool: what the worker adds around one evaluation (retries of the environment's own failures)."""
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import time
 from typing import Any
@@ -54,6 +56,7 @@ FIRST_KERNEL = {
 }
 
 
+@pytest.mark.slow  # 111 s on 2 cores: three torch.compile baselines in vain
 def test_a_task_too_fast_to_time_is_verified_only_after_three_baselines_in_vain(tmp_path):
     task = Task(id="tiny/first_element", level=1, source=TOO_FAST)
     pool = EnvPool({"work_dir": str(tmp_path), "infra_retries": 2, "repetitions": 5, "warmup": 1})

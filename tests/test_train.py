@@ -37,6 +37,7 @@ def wait_for_step(out: Path, step: int, timeout_s: float = 600) -> None:
     raise TimeoutError(f"training did not reach step {step} in {timeout_s} s")
 
 
+@pytest.mark.slow  # 202 s on 2 cores; the recipe test keeps training in the default suite
 def test_training_survives_generator_and_learner_deaths(tiny_model_dir, tmp_path):
     import ray
 
