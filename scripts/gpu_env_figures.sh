@@ -9,6 +9,8 @@
 #   . .gpu-stack/bin/activate && bash scripts/gpu_env_figures.sh sweep-report # the eval report and the baseline comparison
 # The sweep runs in its own session (setsid), so it outlives the call that starts it while the
 # machine stays warm; results.jsonl grows one line per problem, and a later start resumes it.
+# On the H100 (2026-11-25) a problem's first evaluation, baselines included, took 25-65 s, one at a
+# time on the timing lane: a call of ten minutes scores about 15, and all 250 take about three hours.
 # Results go to $OUT (or ./gpu-figures); each part ends with a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ build)
   python3 scripts/bench_inline_build.py --out "$OUT" 2>&1 | tail -16
   ;;
 speed)  # evaluation latency per mode, cold and warm, and throughput under load (load_inline: see build)
-  python3 scripts/bench_env_speed.py --backend cuda --skip-inline --out "$OUT" 2>&1 | tail -20
+  python3 scripts/bench_env_speed.py --backend cuda --skip-inline --out "$OUT" warm_servers=6 2>&1 | tail -20  # as the GPU presets
   ;;
 sweep-start)
   # PROBLEM files or folders (default: two sweeps, one after the other: level 1, the known
