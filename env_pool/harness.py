@@ -30,6 +30,7 @@ serves the reference: it is the same code, in the same kind of process):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -320,8 +321,8 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
         server = claim_server(rounds, pool, cwd, trusted)
         identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
         give_run(rounds, server, [name for name, _, _ in phases], trusted)
-        with pool.quiet(timed=rounds.payload["mode"] == "full" or trusted):
-            return _serve(rounds, server, phases, sampler, identity, trusted)
+        quiet = pool.quiet(timed=rounds.payload["mode"] == "full" or trusted)
+        return _serve(rounds, server, phases, sampler, identity, trusted, quiet)
     finally:
         if sampler is not None:
             sampler.close()
@@ -334,20 +335,27 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
 
 
 def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, bool]], sampler: CpuSampler | None,
-           identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
+           identity: CodeIdentity | None, trusted: bool, quiet: contextlib.AbstractContextManager) -> tuple[dict, dict]:
+    """The phases, under ``quiet`` (waiting servers paused for timed rounds); the server's exit after it.
+
+    The pause ends with the last round: the server's exit (its CUDA context torn down, its
+    sandbox's readers drained) and the report are untimed, and the waiting servers' start-ups
+    go on meanwhile.
+    """
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
     try:
-        for index, (name, todo, check) in enumerate(phases):
-            rounds.wait_ready(index, server.thread, trusted)
-            count = todo if isinstance(todo, int) else len(todo)
-            if sampler is not None:
-                sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
-            sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
-            runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
-            if sampler is not None:
-                sampler.record_mappings(False)
-            rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
+        with quiet:
+            for index, (name, todo, check) in enumerate(phases):
+                rounds.wait_ready(index, server.thread, trusted)
+                count = todo if isinstance(todo, int) else len(todo)
+                if sampler is not None:
+                    sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
+                sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
+                runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
+                if sampler is not None:
+                    sampler.record_mappings(False)
+                rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
     except RoundsFailed as err:
         failure = err
     except ServerGone:

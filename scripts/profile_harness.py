@@ -1,0 +1,89 @@
+"""Where a warm evaluation's time goes inside the trusted harness: cProfile over its requests.
+
+    python scripts/profile_harness.py [--backend cpp|cuda] [--runs 3] [--top 30] [key=value ...]
+
+Runs the harness in this process (harness.handle, its task cache and server pool), not in the
+worker's harness process, so cProfile sees it; everything else is the environment as an
+EnvWorker runs it. Evaluates scripts/bench_env_speed.py's correct kernel once in full mode (cold:
+the baselines), then ``--runs`` times each in verify and full mode, prints each request's time
+and the profile of the warm full-mode requests. key=value pairs override env settings
+(``warm_servers=6`` as the GPU presets). Trusted code only: a corpus kernel, not a candidate's.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from configs.schema import EnvConfig  # noqa: E402
+from env_pool import harness  # noqa: E402
+from env_pool.evaluate import EvalContext, evaluate  # noqa: E402
+from tasks.loader import load_tasks  # noqa: E402
+from tests.corpus_cases import files_of  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "env_corpus"
+GOOD = {"cpp": ("level1/01_gelu", "legit/gelu_omp"), "cuda": ("level1/10_matmul", "legit/matmul_tiled_cuda")}
+
+
+class InProcessHarness:
+    """The worker's harness as a plain object: each request handled here, profiled when asked."""
+
+    def __init__(self) -> None:
+        self.cache, self.pool = harness.TaskCache(), harness.ServerPool()
+        self.profile: cProfile.Profile | None = None
+
+    def request(self, payload: dict, limit: float) -> dict:
+        begin = time.perf_counter()
+        if self.profile is not None:
+            self.profile.enable()
+        try:
+            return harness.handle(payload, self.cache, self.pool)
+        finally:
+            if self.profile is not None:
+                self.profile.disable()
+            print(f"  harness request, {payload['mode']}{' + baselines' if payload['baseline'] else ''}: "
+                  f"{time.perf_counter() - begin:.2f} s", flush=True)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="cpp", choices=sorted(GOOD))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("overrides", nargs="*", help="env settings, key=value")
+    args = parser.parse_args()
+    cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(args.overrides))
+    OmegaConf.update(cfg, "work_dir", tempfile.mkdtemp(prefix="profile-harness-"))
+    OmegaConf.update(cfg, "backend", args.backend)
+    task_id, case = GOOD[args.backend]
+    task = {t.id: t for t in load_tasks()[0]}[task_id]
+    files = files_of(CORPUS / case)
+    ctx = EvalContext(cfg=cfg)
+    ctx._harness = inproc = InProcessHarness()
+    warm_full = cProfile.Profile()
+    try:
+        for mode in ["full"] + ["verify", "full"] * args.runs:
+            inproc.profile = warm_full if mode == "full" and ctx.baselines else None
+            begin = time.perf_counter()
+            result = asyncio.run(evaluate(ctx, task, files, mode))
+            print(f"{mode}: {time.perf_counter() - begin:.2f} s, failure {result.failure}, warm server {result.warm_server}")
+    finally:
+        inproc.close()
+    print(f"\nwarm full-mode requests ({args.runs}), by cumulative time:")
+    pstats.Stats(warm_full).sort_stats("cumulative").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
