@@ -30,7 +30,6 @@ serves the reference: it is the same code, in the same kind of process):
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
@@ -321,8 +320,7 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
         server = claim_server(rounds, pool, cwd, trusted)
         identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
         give_run(rounds, server, [name for name, _, _ in phases], trusted)
-        quiet = pool.quiet(timed=rounds.payload["mode"] == "full" or trusted)
-        return _serve(rounds, server, phases, sampler, identity, trusted, quiet)
+        return _serve(rounds, pool, server, phases, sampler, identity, trusted)
     finally:
         if sampler is not None:
             sampler.close()
@@ -334,9 +332,9 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
             pool.refill(int(rounds.payload.get("warm_servers", 0)))
 
 
-def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, bool]], sampler: CpuSampler | None,
-           identity: CodeIdentity | None, trusted: bool, quiet: contextlib.AbstractContextManager) -> tuple[dict, dict]:
-    """The phases, under ``quiet`` (waiting servers paused for timed rounds); the server's exit after it.
+def _serve(rounds: Rounds, pool: ServerPool, server: Server, phases: list[tuple[str, list | int, bool]],
+           sampler: CpuSampler | None, identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
+    """The phases, with the pool quiet (waiting servers paused for timed rounds); the server's exit after it.
 
     The pause ends with the last round: the server's exit (its CUDA context torn down, its
     sandbox's readers drained) and the report are untimed, and the waiting servers' start-ups
@@ -345,7 +343,7 @@ def _serve(rounds: Rounds, server: Server, phases: list[tuple[str, list | int, b
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
     try:
-        with quiet:
+        with pool.quiet(timed=rounds.payload["mode"] == "full" or trusted):
             for index, (name, todo, check) in enumerate(phases):
                 rounds.wait_ready(index, server.thread, trusted)
                 count = todo if isinstance(todo, int) else len(todo)

@@ -22,16 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from configs.schema import EnvConfig  # noqa: E402
 from env_pool import harness  # noqa: E402
-from env_pool.evaluate import EvalContext, evaluate  # noqa: E402
+from env_pool.evaluate import evaluate  # noqa: E402
+from scripts.bench_env_speed import KERNELS, case, context  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
-from tests.corpus_cases import files_of  # noqa: E402
-
-CORPUS = Path(__file__).resolve().parent.parent / "tests" / "env_corpus"
-GOOD = {"cpp": ("level1/01_gelu", "legit/gelu_omp"), "cuda": ("level1/10_matmul", "legit/matmul_tiled_cuda")}
 
 
 class InProcessHarness:
@@ -59,18 +53,13 @@ class InProcessHarness:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="cpp", choices=sorted(GOOD))
+    parser.add_argument("--backend", default="cpp", choices=sorted(KERNELS))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("overrides", nargs="*", help="env settings, key=value")
     args = parser.parse_args()
-    cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(args.overrides))
-    OmegaConf.update(cfg, "work_dir", tempfile.mkdtemp(prefix="profile-harness-"))
-    OmegaConf.update(cfg, "backend", args.backend)
-    task_id, case = GOOD[args.backend]
-    task = {t.id: t for t in load_tasks()[0]}[task_id]
-    files = files_of(CORPUS / case)
-    ctx = EvalContext(cfg=cfg)
+    task, files = case(args, {t.id: t for t in load_tasks()[0]}, "good")
+    ctx = context(args, Path(tempfile.mkdtemp(prefix="profile-harness-")))
     ctx._harness = inproc = InProcessHarness()
     warm_full = cProfile.Profile()
     try:

@@ -17,6 +17,11 @@ def load_cases(kind: str) -> list[tuple[Path, dict]]:
 
 
 def files_of(folder: Path) -> dict[str, str]:
+    """A case's solution files: its own, or those of the case its case.json names in ``files_from``
+    (the same hack, evaluated another way)."""
+    meta = folder / "case.json"
+    source = json.loads(meta.read_text()).get("files_from") if meta.exists() else None
+    folder = CORPUS / source if source else folder
     return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
 
 
