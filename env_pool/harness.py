@@ -334,26 +334,29 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
 
 def _serve(rounds: Rounds, pool: ServerPool, server: Server, phases: list[tuple[str, list | int, bool]],
            sampler: CpuSampler | None, identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
-    """The phases, with the pool quiet (waiting servers paused for timed rounds); the server's exit after it.
+    """The phases, each one's rounds with the pool quiet (waiting servers paused for timed rounds).
 
-    The pause ends with the last round: the server's exit (its CUDA context torn down, its
-    sandbox's readers drained) and the report are untimed, and the waiting servers' start-ups
-    go on meanwhile.
+    Only the rounds are paused: the wait for a phase (the server's own start-up when it was
+    taken before it finished, its model build, a baseline's torch.compile) and the server's
+    exit are untimed, and the waiting servers' start-ups go on meanwhile. Paused through those
+    too, start-ups could only progress between evaluations: each warm full-mode evaluation on
+    the H100 then waited ~12 s for the start-up of the server it took.
     """
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
+    timed = rounds.payload["mode"] == "full" or trusted
     try:
-        with pool.quiet(timed=rounds.payload["mode"] == "full" or trusted):
-            for index, (name, todo, check) in enumerate(phases):
-                rounds.wait_ready(index, server.thread, trusted)
-                count = todo if isinstance(todo, int) else len(todo)
-                if sampler is not None:
-                    sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
-                sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
+        for index, (name, todo, check) in enumerate(phases):
+            rounds.wait_ready(index, server.thread, trusted)
+            count = todo if isinstance(todo, int) else len(todo)
+            if sampler is not None:
+                sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
+            sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
+            with pool.quiet(timed):
                 runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
-                if sampler is not None:
-                    sampler.record_mappings(False)
-                rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
+            if sampler is not None:
+                sampler.record_mappings(False)
+            rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
     except RoundsFailed as err:
         failure = err
     except ServerGone:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+from pathlib import Path
 from time import perf_counter as _clock
 from typing import Callable, Sequence
 
@@ -18,6 +19,25 @@ from env_pool.results import Timing
 # Larger than any last-level cache we time on (H100: 50 MB L2; server CPUs: tens of MB of L3),
 # so each repetition starts cold, as a kernel in a real network would.
 FLUSH_BYTES = 256 * 2**20
+CPU_FLUSH_FACTOR = 2  # on the CPU: this many times the largest cache the machine reports (a 256 MB write a round cost 19 ms on 2 cores)
+
+
+def flush_bytes(device: str) -> int:
+    """How much CacheFlusher writes: FLUSH_BYTES on a GPU; twice the largest CPU cache (at most FLUSH_BYTES) on the CPU.
+
+    On the 2-core CPU machine the 256 MB write was a third of a full-mode evaluation (150 rounds);
+    twice its 32 MB L3 evicts it as surely. Where sysfs says nothing, FLUSH_BYTES.
+    """
+    if device == "cuda":
+        return FLUSH_BYTES
+    largest = 0
+    for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size.read_text().strip().upper()
+            largest = max(largest, int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0))
+        except (OSError, ValueError):
+            continue
+    return min(FLUSH_BYTES, CPU_FLUSH_FACTOR * largest) if largest else FLUSH_BYTES
 
 
 class CacheFlusher:
@@ -29,7 +49,7 @@ class CacheFlusher:
 
     def __init__(self, device: str):
         self.device = device
-        self.buffer = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+        self.buffer = torch.empty(flush_bytes(device) // 4, dtype=torch.float32, device=device)
         self.reset_persisting = _persisting_l2_reset() if device == "cuda" else None
 
     def __call__(self) -> None:

@@ -49,6 +49,7 @@ from tasks.task import Task, build_problem
 SOLUTION_MODULE = "model_new"
 FD_SOCKET_ENV = "CUDA_AGENT_FD_SOCKET"  # the inherited socket on which the round memory's fds arrive
 DEVICE_ENV = "CUDA_AGENT_SERVE_DEVICE"  # cpu or cuda: what warm_up prepares
+WARM_BYTE = b"w"  # sent on the fd socket once warm_up is done, before the server reads its payload
 
 
 class RoundError(Exception):
@@ -79,7 +80,7 @@ def serve(payload: dict, report: dict) -> None:
     for index, phase in enumerate(payload["phases"]):
         report["stage"] = f"build {phase}"
         try:
-            model, armed = _build(phase, payload, problem, device, outs, report)
+            model, armed = _build(phase, payload, problem, device, args, outs, report)
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
             ctrl.set_message(f"[{kind}] {short_error(err)}")
@@ -95,7 +96,7 @@ def serve(payload: dict, report: dict) -> None:
             return
 
 
-def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Tensor], report: dict):
+def _build(phase: str, payload: dict, problem, device: str, args: list, outs: list[torch.Tensor], report: dict):
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
         # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op
@@ -115,6 +116,12 @@ def _build(phase: str, payload: dict, problem, device: str, outs: list[torch.Ten
         if phase == "compiled":
             mode = payload.get("compile_mode", "default")
             model = torch.compile(model, mode=None if mode == "default" else mode)
+            # Compiled here, before READY, on the round's own input slots (what its guards
+            # check: shapes, dtypes, grad mode), not in the first warm-up round: the build is
+            # untimed, and the waiting servers' start-ups are not paused through it.
+            with torch.no_grad():
+                model(*args)
+            synchronize(device)
         return model, None
     if phase == "candidate":
         return _build_candidate(payload, problem, device, report)
@@ -295,8 +302,14 @@ def receive_fds() -> list[int]:
     return fds
 
 
+def announce_warm() -> None:
+    """One byte on the fd socket: the start-up is done (the pool hands out servers that sent it first)."""
+    os.write(int(os.environ[FD_SOCKET_ENV]), WARM_BYTE)
+
+
 def main() -> None:
     warm_up(os.environ.get(DEVICE_ENV, "cpu"))
+    announce_warm()
     payload = msgpack.unpackb(sys.stdin.buffer.read())  # blocks until the harness gives this server its run
     payload["control_fd"], payload["slots_fd"] = receive_fds()
     channel = child_result_channel()  # opened before any candidate code runs

@@ -42,7 +42,7 @@ import msgpack
 
 from env_pool.code_sampler import EXTENSIONS
 from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, WarmStart, run_sandboxed
-from env_pool.serve import DEVICE_ENV, FD_SOCKET_ENV
+from env_pool.serve import DEVICE_ENV, FD_SOCKET_ENV, WARM_BYTE
 
 # -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
 # msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
@@ -79,6 +79,7 @@ class Server:
         self.cwd.mkdir(parents=True, exist_ok=True)
         self.start = WarmStart()
         self.box: dict = {}
+        self._started = False
         self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.thread = threading.Thread(target=self._run, args=(theirs,), daemon=True)
         self.thread.start()
@@ -109,6 +110,16 @@ class Server:
     def waiting(self) -> bool:
         """Started, alive, and not yet given a run."""
         return self.thread.is_alive() and not self.start.given
+
+    @property
+    def started(self) -> bool:
+        """Its start-up done: it said so on its socket (before its run, when only trusted code runs there)."""
+        if not self._started and not self.start.given:
+            try:
+                self._started = self.ours.recv(1, socket.MSG_DONTWAIT) == WARM_BYTE
+            except (BlockingIOError, InterruptedError):
+                pass
+        return self._started
 
     @property
     def outcome(self) -> SandboxOutcome | None:
@@ -169,13 +180,14 @@ class ServerPool:
         if spec != self.spec:
             self.close()
             self.spec = spec
-        server = None
-        while self.waiting and server is None:
-            candidate = self.waiting.pop(0)
-            if candidate.waiting:
-                server, server.warm = candidate, True
-            else:  # it died while waiting (its start-up failed): not for a run
-                candidate.finish()
+        for dead in [s for s in self.waiting if not s.waiting]:  # its start-up failed: not for a run
+            self.waiting.remove(dead)
+            dead.finish()
+        # One whose start-up is done, else the oldest (the furthest along).
+        server = next((s for s in self.waiting if s.started), self.waiting[0] if self.waiting else None)
+        if server is not None:
+            self.waiting.remove(server)
+            server.warm = True
         server = server or Server(spec)
         if not self.shielded():
             self.refill(keep)

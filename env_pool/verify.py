@@ -29,12 +29,13 @@ def check_outputs(index: int, task: Task, expected: list[torch.Tensor], got: lis
         if g.is_floating_point() and bool(torch.isnan(g).any()):
             return InputCheck(index, False, reason=f"{where} contains NaN")
         atol, rtol = task.tolerances(str(e.dtype).removeprefix("torch."))
-        diff = (g.double() - e.double()).abs()
+        gd, ed = g.double(), e.double()  # converted once: every round of a full evaluation is checked
+        diff = (gd - ed).abs()
+        scale = ed.abs()
         worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
-        rel = diff / e.double().abs().clamp_min(1e-12)
-        worst_rel = max(worst_rel, float(rel.max()) if rel.numel() else 0.0)
-        if not torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol, equal_nan=False):
-            bad = int((diff > atol + rtol * e.double().abs()).sum())
+        worst_rel = max(worst_rel, float((diff / scale.clamp_min(1e-12)).max()) if diff.numel() else 0.0)
+        if not torch.allclose(gd, ed, atol=atol, rtol=rtol, equal_nan=False):
+            bad = int((diff > atol + rtol * scale).sum())
             return InputCheck(index, False, worst_abs, worst_rel,
                               reason=f"{where}: {bad} of {e.numel()} values outside atol={atol:g}, rtol={rtol:g} (max abs error {worst_abs:.3g})")
     return InputCheck(index, True, worst_abs, worst_rel)

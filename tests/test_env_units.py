@@ -155,3 +155,38 @@ def test_implausible_baselines_are_never_cached_and_fail_only_a_candidate_that_n
     assert (("t", "cpp") in ctx.baselines) is kept
     assert judged.get("failure") == failure
     assert judged.get("violations") == verdict.get("violations")  # a guard's finding survives to be judged
+
+
+def test_the_cpu_cache_flush_writes_twice_the_largest_cache_at_most_the_gpus_amount():
+    from pathlib import Path
+
+    from env_pool.profile import FLUSH_BYTES, flush_bytes
+
+    sizes = [s.read_text().strip() for s in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
+    largest = max((int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] for s in sizes), default=0)
+    assert flush_bytes("cuda") == FLUSH_BYTES
+    assert flush_bytes("cpu") == (min(FLUSH_BYTES, 2 * largest) if largest else FLUSH_BYTES)
+    assert flush_bytes("cpu") >= 2 * largest, "the flush evicts the last-level cache"
+
+
+def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_again_in_its_rounds(tmp_path):
+    """torch.compile in the first warm-up round kept the waiting servers paused through it (and timed nothing)."""
+    from torch._dynamo.utils import counters
+
+    from env_pool import serve
+    from tasks.loader import load_tasks
+    from tasks.task import build_problem
+
+    task = {t.id: t for t in load_tasks()[0]}["level1/01_gelu"]
+    problem = build_problem(task, "cpp")
+    args = [torch.randn(*a.shape) for a in problem.get_inputs()]
+    outs = [torch.empty_like(args[0])]
+    torch._dynamo.reset()
+    counters.clear()
+    payload = {"init_seed": 1, "compile_mode": "default"}
+    model, armed = serve._build("compiled", payload, problem, "cpu", args, outs, {})
+    compiled = counters["stats"]["unique_graphs"]
+    assert armed is None and compiled == 1, f"compiled once in the build: {dict(counters['stats'])}"
+    with torch.no_grad():  # as _serve_rounds calls it
+        torch.testing.assert_close(model(*args), torch.nn.functional.gelu(args[0]))
+    assert counters["stats"]["unique_graphs"] == compiled, "the rounds reuse the build's graph (no recompile)"

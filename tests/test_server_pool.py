@@ -130,3 +130,84 @@ def test_a_server_takes_copies_so_a_retry_of_the_request_finds_the_files(tmp_pat
         kernel = (cwd / "kernel.so").stat()
         assert (kernel.st_mode & 0o777, kernel.st_uid) == (sealed.st_mode & 0o777, sealed.st_uid), name
         assert not (cwd / "tmp").exists(), name
+
+
+def _spec(tmp_path, device: str = "cpu"):
+    from env_pool import server_pool
+
+    return server_pool.ServerSpec(device=device, threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(),
+                                  startup_cpus=(), trusted=False, inductor_dir="", root=str(tmp_path))
+
+
+def test_the_pool_hands_out_a_server_whose_start_up_is_done_before_an_older_one_still_starting(tmp_path, monkeypatch):
+    """A taken server still starting makes its evaluation wait for the start-up; one that said it is done goes first."""
+    import time
+
+    from env_pool import server_pool
+
+    monkeypatch.setattr(server_pool, "contended", lambda: True)  # no refill in take(): the pool holds only these two
+    spec = _spec(tmp_path)
+    pool = server_pool.ServerPool()
+    pool.spec = spec
+    done = server_pool.Server(spec)
+    try:
+        deadline = time.monotonic() + 120
+        while not done.started and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done.started, "a server says when its start-up is done"
+        starting = server_pool.Server(spec)
+        assert not starting.started, "a server that just began its start-up has not said so"
+        pool.waiting = [starting, done]  # the older one first, as refill() leaves them
+        taken = pool.take(spec, keep=0)
+        assert taken is done and taken.warm and pool.waiting == [starting]
+        taken.finish()
+    finally:
+        pool.close()
+        done.finish()
+
+
+def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_path, gelu, monkeypatch):
+    """The pause covers the rounds, not the wait for a phase: paused through that too, start-ups progressed
+    only between evaluations, and each warm full evaluation on the H100 waited ~12 s for the server it took."""
+    from configs.schema import EnvConfig
+    from env_pool import harness, server_pool
+    from env_pool.evaluate import Baseline, EvalContext, evaluate
+    from env_pool.results import Timing
+    from scripts.profile_harness import InProcessHarness
+
+    monkeypatch.setattr(server_pool, "contended", lambda: True)  # shielded, as on a GPU or 2 cores
+    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warm_servers=2))
+    ctx._harness = inproc = InProcessHarness()
+    seen: dict[str, list[bool]] = {"wait": [], "rounds": []}
+
+    def stopped() -> list[bool]:  # per waiting server: is any of its processes stopped?
+        return [any(_state(pid) == "T" for pid in s.pids()) for s in inproc.pool.waiting if s.pids()]
+
+    def spy(name, original):
+        def wrapped(self, *args, **kwargs):
+            seen[name].extend(stopped())
+            return original(self, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(harness.Rounds, "wait_ready", spy("wait", harness.Rounds.wait_ready))
+    monkeypatch.setattr(harness.Rounds, "_write_inputs", spy("rounds", harness.Rounds._write_inputs))
+    files = files_of(CORPUS / "legit" / "gelu_omp")
+    try:
+        first = asyncio.run(evaluate(ctx, gelu, files, "verify"))  # starts the pool (refilled after its run)
+        # The baselines are not what this is about: known ones keep the full evaluation to the candidate's phases.
+        ctx.baselines[(gelu.id, "cpp")] = Baseline(Timing(5.0, 0.1, 30), Timing(4.0, 0.1, 30))
+        second = asyncio.run(evaluate(ctx, gelu, files, "full"))
+    finally:
+        inproc.close()
+    assert (first.failure, second.failure) == (None, None), (first.message, second.message)
+    rounds, waits = seen["rounds"], seen["wait"]
+    assert True in rounds and all(rounds[-2:]), f"the full evaluation's rounds ran with start-ups paused ({sum(rounds)}/{len(rounds)})"
+    assert waits and not any(waits), f"no start-up was paused while a phase was awaited ({sum(waits)}/{len(waits)})"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return ""
