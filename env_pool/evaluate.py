@@ -158,6 +158,35 @@ async def evaluate(ctx: EvalContext, task: Task, files: Mapping[str, str], mode:
     return apply_reward(result, ctx.cfg.reward)
 
 
+async def measure_baselines(ctx: EvalContext, task: Task) -> Baseline | str:
+    """A task's eager and torch.compile baselines on this worker, as a full evaluation would take them; or why not.
+
+    Measured once per worker (ctx.baselines), by the harness's baselines-only request: the same
+    trusted server, protocol and plausibility rules as a task's first full evaluation, without a
+    candidate. For sweeps that compare the environment's baselines with published ones.
+    """
+    backend = str(getattr(ctx.cfg.backend, "value", ctx.cfg.backend))
+    key = (task.id, backend)
+    if key in ctx.baselines:
+        return ctx.baselines[key]
+    scratch = ctx.work_dir / "scratch" / uuid.uuid4().hex
+    private = ctx.reference_dir / "private" / uuid.uuid4().hex
+    try:
+        scratch.mkdir(parents=True)
+        private.mkdir(parents=True, mode=0o700)
+        async with ctx.timing_lane():
+            verdict = await _harness(ctx, task, backend, "baselines", True, scratch, private)
+    except WorkerUnhealthy as err:
+        return f"this worker's device is unhealthy ({err})"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
+    if verdict.get("untimeable"):
+        ctx.strike(key, verdict["message"])
+    verdict = keep_baselines(ctx, key, verdict)
+    return ctx.baselines.get(key) or str(verdict.get("message") or "the harness returned no baselines")
+
+
 async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) -> None:
     if SOLUTION_FILE not in files:
         return _set_failure(result, "missing_files", f"{SOLUTION_FILE} is missing: it must define class ModelNew")
@@ -329,6 +358,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
                "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "warm_servers": int(cfg.warm_servers),
+               "warm_baseline_servers": int(cfg.warm_baseline_servers),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
                "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}

@@ -53,7 +53,7 @@ from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
 from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxOutcome
-from env_pool.server_pool import Server, ServerPool, ServerSpec
+from env_pool.server_pool import Server, ServerPools, ServerSpec
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs
 from tasks.task import Task, build_problem
@@ -249,7 +249,11 @@ class ServerGone(Exception):
 
 
 def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
-    """The start settings of the request's server (candidates' servers are pooled by them)."""
+    """The start settings of the request's server (servers are pooled by them).
+
+    A trusted server's own folder is beside the request's private one, hidden from candidates;
+    a candidate's is beside its scratch folder.
+    """
     p = rounds.payload
     return ServerSpec(device=rounds.device, threads=int(p["threads"]), memory_mb=int(p["memory_mb"]),
                       wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]),
@@ -257,17 +261,21 @@ def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
                       required=() if trusted else tuple(p.get("required_isolation", ())),
                       cpus=tuple(int(c) for c in p.get("cpus", ())), startup_cpus=tuple(int(c) for c in p.get("startup_cpus", ())),
                       trusted=trusted,
-                      inductor_dir=str(p["inductor_dir"]) if trusted else "", root=str(Path(p["scratch"]).parent))
+                      inductor_dir=str(p["inductor_dir"]) if trusted else "",
+                      root=str(Path(p["reference_cwd" if trusted else "scratch"]).parent))
 
 
-def claim_server(rounds: Rounds, pool: ServerPool, cwd: Path, trusted: bool) -> Server:
-    """A server for this request: a waiting one with the candidate's files moved in, or the baselines' own."""
-    spec = server_spec(rounds, trusted)
-    if trusted:  # once per task: started here, in the private folder of the request
-        return Server(spec, cwd)
-    server = pool.take(spec, int(rounds.payload.get("warm_servers", 0)))
-    server.take_files(cwd)
+def claim_server(rounds: Rounds, pools: ServerPools, cwd: Path, trusted: bool) -> Server:
+    """A server for this request, waiting or started now; a candidate's gets the candidate's files copied in."""
+    server = pools.of(trusted).take(server_spec(rounds, trusted), _keep(rounds.payload, trusted))
+    if not trusted:
+        server.take_files(cwd)
     return server
+
+
+def _keep(payload: dict, trusted: bool) -> int:
+    """How many servers of the request's kind wait ahead (env.warm_baseline_servers, env.warm_servers)."""
+    return int(payload.get("warm_baseline_servers" if trusted else "warm_servers", 0))
 
 
 def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -> None:
@@ -307,7 +315,7 @@ def open_sampler(payload: dict) -> CpuSampler | None:
                                     "without it (env.code_sampling=false turns it off, for comparisons only)") from err
 
 
-def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list | int, bool]], cwd: Path,
+def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[tuple[str, list | int, bool]], cwd: Path,
                  trusted: bool) -> tuple[dict, dict]:
     """Run a server through its phases; (PhaseRun per phase name, the server's report).
 
@@ -317,10 +325,10 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
     sampler = open_sampler(rounds.payload)
     server = identity = None
     try:
-        server = claim_server(rounds, pool, cwd, trusted)
+        server = claim_server(rounds, pools, cwd, trusted)
         identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
         give_run(rounds, server, [name for name, _, _ in phases], trusted)
-        return _serve(rounds, pool, server, phases, sampler, identity, trusted)
+        return _serve(rounds, pools, server, phases, sampler, identity, trusted)
     finally:
         if sampler is not None:
             sampler.close()
@@ -328,11 +336,11 @@ def serve_phases(rounds: Rounds, pool: ServerPool, phases: list[tuple[str, list 
             identity.close()
         if server is not None:
             server.finish()
-        if not trusted:  # a no-op where take() refilled already (a harness with CPUs to spare)
-            pool.refill(int(rounds.payload.get("warm_servers", 0)))
+        # a no-op where take() refilled already (a harness with CPUs to spare)
+        pools.of(trusted).refill(_keep(rounds.payload, trusted))
 
 
-def _serve(rounds: Rounds, pool: ServerPool, server: Server, phases: list[tuple[str, list | int, bool]],
+def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tuple[str, list | int, bool]],
            sampler: CpuSampler | None, identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
     """The phases, each one's rounds with the pool quiet (waiting servers paused for timed rounds).
 
@@ -352,7 +360,7 @@ def _serve(rounds: Rounds, pool: ServerPool, server: Server, phases: list[tuple[
             if sampler is not None:
                 sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
             sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
-            with pool.quiet(timed):
+            with pools.quiet(timed):
                 runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
             if sampler is not None:
                 sampler.record_mappings(False)
@@ -461,15 +469,15 @@ def resolved(timing: Timing, staging_ns: list[int]) -> bool:
     return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
 
 
-def evaluate_rounds(rounds: Rounds, pool: ServerPool, payload: dict) -> dict:
-    """The whole trusted side of one evaluation; a plain dict for the worker."""
+def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
+    """The whole trusted side of one evaluation (mode "baselines": the task's baselines only); a plain dict for the worker."""
     result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
     rounds.payload = payload
     warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
     full = payload["mode"] == "full"
     if payload.get("baseline"):
         try:
-            runs, _ = serve_phases(rounds, pool, [("null", warmup + reps, False), ("eager", warmup + reps, False),
+            runs, _ = serve_phases(rounds, pools, [("null", warmup + reps, False), ("eager", warmup + reps, False),
                                             ("compiled", warmup + reps, False)], Path(payload["reference_cwd"]), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
@@ -483,6 +491,9 @@ def evaluate_rounds(rounds: Rounds, pool: ServerPool, payload: dict) -> dict:
                                       "the timing protocol's own noise; retried")
                 return result
             result[name] = timing.__dict__
+    if payload["mode"] == "baselines":
+        result["ok"] = True
+        return result
     if payload.get("seccomp", True) and not seccomp_works():
         result.update(failure="infra", message="the seccomp filter cannot be installed on this machine: candidates are "
                                                "not run without it (env.seccomp=false turns it off, for comparisons only)")
@@ -496,7 +507,7 @@ def evaluate_rounds(rounds: Rounds, pool: ServerPool, payload: dict) -> dict:
     # the code sampler what serving the outputs costs in torch before the candidate's code loads.
     phases = [("null", warmup + reps if full else NULL_ROUNDS, False), ("candidate", candidate_rounds, True)]
     try:
-        runs, report = serve_phases(rounds, pool, phases, Path(payload["scratch"]), trusted=False)
+        runs, report = serve_phases(rounds, pools, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:
         result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
@@ -566,16 +577,16 @@ class TaskCache:
         return bool(others)
 
 
-def handle(payload: dict, cache: TaskCache, pool: ServerPool) -> dict:
+def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
     """One request of the worker: a verdict, or an infra failure that names the harness's own fault.
 
     A request that ran out of device memory while other tasks were cached is tried once more
     without them: KernelBench's level-1 elementwise problems take 6 GiB a tensor, and four of
     them cached (their references, their inputs) filled an H100 for every request after.
     """
-    verdict = _attempt(payload, cache, pool)
+    verdict = _attempt(payload, cache, pools)
     if verdict.get("failure") == "infra" and out_of_memory(str(verdict.get("message", ""))) and cache.keep_only(payload):
-        verdict = _attempt(payload, cache, pool)
+        verdict = _attempt(payload, cache, pools)
     return verdict
 
 
@@ -584,9 +595,9 @@ def out_of_memory(message: str) -> bool:
     return "out of memory" in message.lower() or re.search(r"\bCUresult 2\b", message) is not None
 
 
-def _attempt(payload: dict, cache: TaskCache, pool: ServerPool) -> dict:
+def _attempt(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
     try:
-        return evaluate_rounds(cache.get(payload), pool, payload)
+        return evaluate_rounds(cache.get(payload), pools, payload)
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
@@ -596,11 +607,11 @@ def _attempt(payload: dict, cache: TaskCache, pool: ServerPool) -> dict:
 def main() -> None:
     from env_pool.harness_process import serve_forever
 
-    cache, pool = TaskCache(), ServerPool()
+    cache, pools = TaskCache(), ServerPools()
     try:
-        serve_forever(lambda payload: handle(payload, cache, pool))
+        serve_forever(lambda payload: handle(payload, cache, pools))
     finally:
-        pool.close()
+        pools.close()
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def serve(payload: dict, report: dict) -> None:
     for index, phase in enumerate(payload["phases"]):
         report["stage"] = f"build {phase}"
         try:
-            model, armed = _build(phase, payload, problem, device, args, outs, report)
+            model, armed = build_phase(phase, payload, problem, device, args, outs, report)
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
             ctrl.set_message(f"[{kind}] {short_error(err)}")
@@ -96,7 +96,7 @@ def serve(payload: dict, report: dict) -> None:
             return
 
 
-def _build(phase: str, payload: dict, problem, device: str, args: list, outs: list[torch.Tensor], report: dict):
+def build_phase(phase: str, payload: dict, problem, device: str, args: list, outs: list[torch.Tensor], report: dict):
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
         # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op

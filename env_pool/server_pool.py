@@ -15,7 +15,8 @@ Giving a server its run (``Server.give``), in this order:
   written: its wall-clock limit runs from there.
 
 The pool keeps ``env.warm_servers`` servers per start settings (ServerSpec); a request whose
-settings differ discards them and starts its own. Where a start-up would disturb a timed run,
+settings differ discards them and starts its own. The baselines' trusted servers have a pool of
+their own (``env.warm_baseline_servers``, ServerPools), quieted with the candidates'. Where a start-up would disturb a timed run,
 the waiting servers are paused (SIGSTOP) while timed rounds run, and the pool is refilled only
 after a run ends (``refill``), not as a server is taken (a start-up begun as timed rounds begin
 escapes the pause in its first instants). That is so on a harness with few CPUs of its own (on
@@ -68,6 +69,13 @@ class ServerSpec:
     root: str  # the folder that holds each server's own working folder
 
 
+def compile_env(inductor_dir: str, threads: int) -> dict[str, str]:
+    """What torch.compile reads from a server's environment (env_pool/baseline_compile.py compiles ahead under the same)."""
+    # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
+    # baseline that compiles in seconds in-process.
+    return {"OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 class Server:
     """One sandboxed server: started now, given one run later (or discarded)."""
 
@@ -93,11 +101,8 @@ class Server:
                                skip_isolation=("readonly-root",) if spec.trusted else (),
                                # Start-up runs off the servers' and the harness's CPUs; give() moves it to the servers'.
                                cpus=(spec.startup_cpus or tuple(sorted(os.sched_getaffinity(0)))) if spec.cpus else ())
-        env = {"OMP_NUM_THREADS": str(spec.threads), "TORCH_EXTENSIONS_DIR": str(self.cwd / EXTENSIONS),
-               "TORCHINDUCTOR_CACHE_DIR": spec.inductor_dir or str(self.cwd / ".inductor"),
-               # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
-               # baseline that compiles in seconds in-process.
-               "TORCHINDUCTOR_COMPILE_THREADS": "1", DEVICE_ENV: spec.device,
+        env = {**compile_env(spec.inductor_dir or str(self.cwd / ".inductor"), spec.threads),
+               "TORCH_EXTENSIONS_DIR": str(self.cwd / EXTENSIONS), DEVICE_ENV: spec.device,
                FD_SOCKET_ENV: str(theirs.fileno()), "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
         try:
             self.box["outcome"] = run_sandboxed(SERVER, self.start, self.cwd, limits, env, pass_fds=(theirs.fileno(),))
@@ -220,3 +225,27 @@ class ServerPool:
         for s in self.waiting:
             s.finish()
         self.waiting = []
+
+
+class ServerPools:
+    """The harness's two pools: the candidates' servers and the baselines' trusted servers.
+
+    A trusted server runs the task's reference only (eager, then torch.compile) and, like a
+    candidate's, serves one run: pooled, a task's first baselines skip its start-up (5-7 s of
+    torch and a CUDA context on the H100 host). Timed rounds quiet both pools.
+    """
+
+    def __init__(self) -> None:
+        self.candidates, self.baselines = ServerPool(), ServerPool()
+
+    def of(self, trusted: bool) -> ServerPool:
+        return self.baselines if trusted else self.candidates
+
+    @contextlib.contextmanager
+    def quiet(self, timed: bool):
+        with self.candidates.quiet(timed), self.baselines.quiet(timed):
+            yield
+
+    def close(self) -> None:
+        self.candidates.close()
+        self.baselines.close()

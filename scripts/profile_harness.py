@@ -2,7 +2,7 @@
 
     python scripts/profile_harness.py [--backend cpp|cuda] [--runs 3] [--top 30] [key=value ...]
 
-Runs the harness in this process (harness.handle, its task cache and server pool), not in the
+Runs the harness in this process (harness.handle, its task cache and server pools), not in the
 worker's harness process, so cProfile sees it; everything else is the environment as an
 EnvWorker runs it. Evaluates scripts/bench_env_speed.py's correct kernel once in full mode (cold:
 the baselines), then ``--runs`` times each in verify and full mode, prints each request's time
@@ -32,7 +32,7 @@ class InProcessHarness:
     """The worker's harness as a plain object: each request handled here, profiled when asked."""
 
     def __init__(self) -> None:
-        self.cache, self.pool = harness.TaskCache(), harness.ServerPool()
+        self.cache, self.pools = harness.TaskCache(), harness.ServerPools()
         self.profile: cProfile.Profile | None = None
 
     def request(self, payload: dict, limit: float) -> dict:
@@ -40,7 +40,7 @@ class InProcessHarness:
         if self.profile is not None:
             self.profile.enable()
         try:
-            return harness.handle(payload, self.cache, self.pool)
+            return harness.handle(payload, self.cache, self.pools)
         finally:
             if self.profile is not None:
                 self.profile.disable()
@@ -48,7 +48,7 @@ class InProcessHarness:
                   f"{time.perf_counter() - begin:.2f} s", flush=True)
 
     def close(self) -> None:
-        self.pool.close()
+        self.pools.close()
 
 
 def main() -> None:

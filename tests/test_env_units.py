@@ -184,7 +184,7 @@ def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_aga
     torch._dynamo.reset()
     counters.clear()
     payload = {"init_seed": 1, "compile_mode": "default"}
-    model, armed = serve._build("compiled", payload, problem, "cpu", args, outs, {})
+    model, armed = serve.build_phase("compiled", payload, problem, "cpu", args, outs, {})
     compiled = counters["stats"]["unique_graphs"]
     assert armed is None and compiled == 1, f"compiled once in the build: {dict(counters['stats'])}"
     with torch.no_grad():  # as _serve_rounds calls it

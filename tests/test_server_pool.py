@@ -181,7 +181,7 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
     seen: dict[str, list[bool]] = {"wait": [], "rounds": []}
 
     def stopped() -> list[bool]:  # per waiting server: is any of its processes stopped?
-        return [any(_state(pid) == "T" for pid in s.pids()) for s in inproc.pool.waiting if s.pids()]
+        return [any(_state(pid) == "T" for pid in s.pids()) for s in inproc.pools.candidates.waiting if s.pids()]
 
     def spy(name, original):
         def wrapped(self, *args, **kwargs):
