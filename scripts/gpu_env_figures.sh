@@ -7,6 +7,9 @@
 #   . .gpu-stack/bin/activate && bash scripts/gpu_env_figures.sh sweep-start [PROBLEM ...]  # a KernelBench sweep, in the background
 #   bash scripts/gpu_env_figures.sh sweep-wait SECONDS                         # its progress, until it ends or SECONDS pass
 #   . .gpu-stack/bin/activate && bash scripts/gpu_env_figures.sh sweep-report # the eval report and the baseline comparison
+#   bash scripts/gpu_env_figures.sh baselines-start STAGE CPUS [GPUS]  # kernelbench_baselines.py (needs torch only), in the background
+#   bash scripts/gpu_env_figures.sh baselines-wait SECONDS             # its progress, until it ends or SECONDS pass
+#   bash scripts/gpu_env_figures.sh baselines-report                   # the comparison of every problem's baselines
 # The sweep runs in its own session (setsid), so it outlives the call that starts it while the
 # machine stays warm; results.jsonl grows one line per problem, and a later start resumes it.
 # On the H100 (2026-11-25) a problem's first evaluation, baselines included, took 25-65 s, one at a
@@ -20,9 +23,10 @@ KB="${KB:-$PWD/.kb/kernelbench}"
 RUN=/tmp/kb-sweep  # on the GPU machine's disk: it lasts as long as the machine
 mkdir -p "$OUT" "$RUN"
 
+BASE=/tmp/kb-baselines  # kernelbench_baselines.py's folder, on the GPU machine's disk
 done_count() { cat "$RUN"/*/eval/results.jsonl 2>/dev/null | wc -l; }
 
-case "${1:?build, speed, sweep-start [PROBLEM ...], sweep-wait SECONDS or sweep-report}" in
+case "${1:?build, speed, sweep-start [PROBLEM ...], sweep-wait SECONDS, sweep-report, baselines-start STAGE CPUS [GPUS], baselines-wait SECONDS or baselines-report}" in
 build)
   python3 scripts/bench_inline_build.py --out "$OUT" 2>&1 | tail -16
   ;;
@@ -63,5 +67,23 @@ sweep-report)
   python3 scripts/compare_baselines.py "$RUN"/*/eval --out "$RUN" --timing "$KB/results/timing/H100_Modal" | tail -3
   cp "$RUN/baselines.md" "$RUN/sweep.log" "$OUT/"
   grep -B2 -A4 "^| level" "$RUN/baselines.md" | head -12; grep -A16 "^## Results" "$RUN"/*/eval/report.md
+  ;;
+baselines-start)  # STAGE (compile, time or all) on CPUS (taskset's list) and GPUS (torch's indices, default all)
+  mkdir -p "$BASE"
+  setsid nohup taskset -c "${3:?CPUS}" python3 scripts/kernelbench_baselines.py --out "$BASE" --stage "${2:?STAGE}" \
+    ${4:+--gpus "$4"} --tasks "$KB/level1" "$KB/level2" "$KB/level3" --timing "$KB/results/timing/H100_Modal" \
+    > "$BASE/$2.log" 2>&1 < /dev/null &
+  sleep 5; tail -3 "$BASE/$2.log"
+  ;;
+baselines-wait)
+  end=$(( $(date +%s) + ${2:?seconds} ))
+  while [ "$(date +%s)" -lt "$end" ] && pgrep -f kernelbench_baselines.py > /dev/null; do sleep 10; done
+  echo "compiled: $(cat "$BASE"/compiled.jsonl 2>/dev/null | grep -c '"ok": true'); baselines: $(cat "$BASE"/baselines-gpu*.jsonl 2>/dev/null | grep -c eager_ms); failed: $(cat "$BASE"/baselines-gpu*.jsonl 2>/dev/null | grep -c '"error"'); running: $(pgrep -f kernelbench_baselines.py > /dev/null && echo yes || echo no)"
+  ;;
+baselines-report)
+  python3 scripts/kernelbench_baselines.py --out "$BASE" --stage compare --tasks "$KB/level1" "$KB/level2" "$KB/level3" \
+    --timing "$KB/results/timing/H100_Modal" | tail -12
+  cat "$BASE"/baselines-gpu*.jsonl > "$OUT/baselines.jsonl"; cp "$BASE/baselines.md" "$BASE/baselines.json" "$BASE/compiled.jsonl" "$OUT/" 2>/dev/null
+  tail -c 3000 "$BASE"/worker-gpu0.log > "$OUT/worker-gpu0.log" 2>/dev/null; true
   ;;
 esac
