@@ -522,7 +522,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
             result.update(failure="infra", message=f"the code sampler lost {run.code.lost} samples (the harness was "
                                                    "starved of CPU): the rounds cannot be attributed; retried")
             return result
-        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu")
+        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu", timed=reps if full else 0)
     if run.mutated:
         result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
     if varies_with_inputs(run.expected) and not varies_with_inputs(run.kept):
@@ -560,9 +560,10 @@ class TaskCache:
         key = self.key(payload)
         rounds = self.entries.pop(key, None) or Rounds(payload)
         self.entries[key] = rounds  # most recent last
-        while len(self.entries) > self.size:
-            old = self.entries.pop(next(iter(self.entries)))
-            old.close()
+        if len(self.entries) > self.size:
+            while len(self.entries) > self.size:
+                self.entries.pop(next(iter(self.entries))).close()
+            release_cached_memory()
         return rounds
 
     def keep_only(self, payload: dict) -> bool:
@@ -571,10 +572,18 @@ class TaskCache:
         for key in others:
             self.entries.pop(key).close()
         if others:
-            gc.collect()
-            if torch.cuda.is_initialized():
-                torch.cuda.empty_cache()  # back to the driver: the servers allocate in processes of their own
+            release_cached_memory()
         return bool(others)
+
+
+def release_cached_memory() -> None:
+    """What dropped tasks held, back to the driver: the servers allocate in processes of their own,
+    and the next task's slots are a driver allocation (cuMemCreate), which torch's cache does not
+    serve: without this, a sweep over KernelBench's GiB-sized problems ran out of memory in
+    cuMemCreate with most of an H100 cached by torch for tasks long gone."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:

@@ -222,7 +222,10 @@ class _Vmm:
     def __init__(self, fd: int, size: int):
         cu = self.driver()
         torch.zeros(1, device="cuda")  # the primary context, current on this thread
-        self.size = size
+        # The allocation's own size, as export rounded it: a range reserved for the layout's
+        # unrounded size is refused (CUDA_ERROR_INVALID_VALUE), as for 4096.12 MB of HingeLoss.
+        self.size = self.rounded(size)
+        size = self.size
         self.handle = ctypes.c_ulonglong()
         _check(cu.cuMemImportFromShareableHandle(ctypes.byref(self.handle), ctypes.c_void_p(fd),
                                                  _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")
@@ -244,12 +247,8 @@ class _Vmm:
         """A new allocation of at least ``size`` bytes on the current device: (fd, rounded size)."""
         cu = cls.driver()
         torch.zeros(1, device="cuda")
-        prop = _AllocProp(_CU_MEM_ALLOCATION_TYPE_PINNED, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                          _Location(_CU_MEM_LOCATION_TYPE_DEVICE, _device_ordinal()), None, _AllocFlags())
-        gran = ctypes.c_size_t()
-        _check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), _CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-               "cuMemGetAllocationGranularity")
-        size = (size + gran.value - 1) // gran.value * gran.value
+        prop = cls.properties()
+        size = cls.rounded(size)
         handle = ctypes.c_ulonglong()
         _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
         fd = ctypes.c_int(-1)
@@ -257,6 +256,19 @@ class _Vmm:
                                                ctypes.c_ulonglong(0)), "cuMemExportToShareableHandle")
         cu.cuMemRelease(handle)  # the fd and the mappings made from it keep the memory alive
         return fd.value, size
+
+    @staticmethod
+    def properties() -> _AllocProp:
+        return _AllocProp(_CU_MEM_ALLOCATION_TYPE_PINNED, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                          _Location(_CU_MEM_LOCATION_TYPE_DEVICE, _device_ordinal()), None, _AllocFlags())
+
+    @classmethod
+    def rounded(cls, size: int) -> int:
+        """``size`` up to the allocation granularity (2 MiB on an H100): what is created, reserved and mapped."""
+        gran = ctypes.c_size_t()
+        _check(cls.driver().cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(cls.properties()),
+                                                          _CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity")
+        return (size + gran.value - 1) // gran.value * gran.value
 
     def close(self) -> None:
         cu = self.driver()

@@ -17,11 +17,15 @@ def load_cases(kind: str) -> list[tuple[Path, dict]]:
 
 
 def files_of(folder: Path) -> dict[str, str]:
-    """A case's solution files: its own, or those of the case its case.json names in ``files_from``
-    (the same hack, evaluated another way)."""
+    """A case's solution files: those of the case its case.json names in ``files_from`` (the same
+    hack evaluated another way, or another case's kernel), with its own files over them."""
     meta = folder / "case.json"
     source = json.loads(meta.read_text()).get("files_from") if meta.exists() else None
-    folder = CORPUS / source if source else folder
+    files = _own_files(CORPUS / source) if source else {}
+    return {**files, **_own_files(folder)}
+
+
+def _own_files(folder: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
 
 

@@ -148,10 +148,24 @@ def test_installed_libraries_are_classified_by_what_they_are(tmp_path):
 
 
 def ledger_of(rounds: int, **counts: int) -> CodeLedger:
-    ledger = CodeLedger(rounds=rounds)
-    for category, n in counts.items():
-        for _ in range(n):
-            ledger.add(category, category)
+    """A ledger of ``rounds`` rounds, each category's samples spread over them evenly."""
+    ledger = CodeLedger()
+    for r in range(rounds):
+        ledger.start_round()
+        for category, n in counts.items():
+            for _ in range(n // rounds + (r < n % rounds)):
+                ledger.add(category, category)
+    return ledger
+
+
+def ledger_by_round(torch_rounds: list[int], own: int = 60) -> CodeLedger:
+    """A ledger whose rounds hold these torch samples each (and ``own`` of the kernel's own)."""
+    ledger = CodeLedger()
+    for n in torch_rounds:
+        ledger.start_round()
+        for category, count in (("torch", n), ("own", own)):
+            for _ in range(count):
+                ledger.add(category, category)
     return ledger
 
 
@@ -168,6 +182,25 @@ def test_judge_thresholds():
     # Library padding: a small share of a long round is still 0.5 ms of library a round.
     padded = ledger_of(4, own=4000, library=20)
     assert [v["guard"] for v in judge(padded, null)] == ["library_fallback"]
+
+
+def test_a_legitimate_round_with_a_one_off_millisecond_of_torch_is_not_a_fallback():
+    # The CI's 2 cores: 1.5 ms of torch in one round of four, a few samples in the others. A mean
+    # over the rounds (0.45 ms beyond the null phase's) flagged gelu_omp and scaled_softmax.
+    null = ledger_by_round([1, 0, 1, 0])
+    assert judge(ledger_by_round([2, 15, 1, 3]), null) == []
+    assert [v["guard"] for v in judge(ledger_by_round([9, 15, 8, 10]), null)] == ["torch_fallback"]
+
+
+def test_torch_in_most_timed_rounds_is_a_fallback_however_few_of_all_rounds_they_are():
+    # 5 checked and 5 warm-up rounds by the candidate's own kernel, torch in the last 5 of 9 timed
+    # ones: the timing's median is torch's, while 5 of 18 rounds leave the median round torch-free.
+    null = ledger_by_round([0] * 17)
+    rounds = [0] * 13 + [20] * 5
+    assert judge(ledger_by_round(rounds), null) == []  # verify mode has no timed rounds to look at
+    assert [v["guard"] for v in judge(ledger_by_round(rounds), null, timed=9)] == ["torch_fallback"]
+    # In 4 of the 9 the timing's median is the candidate's own kernel: nothing gained, not flagged.
+    assert judge(ledger_by_round([0] * 14 + [20] * 4), null, timed=9) == []
 
 
 def test_no_sampler_is_infra_not_an_unwatched_run():

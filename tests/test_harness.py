@@ -5,7 +5,10 @@ that make them trustworthy, so a regression names the rule it broke.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -114,6 +117,36 @@ def test_each_slot_has_its_own_version_counter_and_sees_the_other_mappings_write
         assert layout.args[1] == {"value": 3} and layout.outputs[0].offset % 256 == 0
     finally:
         server_side.close()
+        harness_side.close()
+
+
+@pytest.mark.gpu
+def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server(tmp_path: Path):
+    # KernelBench's HingeLoss lays out 4096.12 MB: its server reserved that unrounded size for an
+    # allocation rounded up to 2 MiB, and every start failed (cuMemAddressReserve, CUresult 1).
+    layout = plan_layout([torch.ones(3, 1000, device="cuda"), 3], [torch.ones(1000, device="cuda")], "cuda")
+    assert layout.size % (2 << 20) != 0
+    harness_side = SlotMemory.create(layout.size, "cuda")
+    harness_side.view(layout.args[0]["slot"]).copy_(torch.arange(3000.0, device="cuda").view(3, 1000))
+    torch.cuda.synchronize()
+    server = (
+        "import os, socket, sys, torch\n"
+        "from env_pool.rounds import Layout, SlotMemory\n"
+        "import json\n"
+        "layout = Layout.from_dict(json.loads(sys.argv[2]))\n"
+        "memory = SlotMemory.attach(int(sys.argv[1]), layout.size, 'cuda')\n"
+        "x = memory.view(layout.args[0]['slot'])\n"
+        "memory.view(layout.outputs[0]).copy_(x.sum(0))\n"
+        "torch.cuda.synchronize()\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", server, str(harness_side.fd), json.dumps(layout.to_dict())],
+                              pass_fds=(harness_side.fd,), capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr[-2000:]
+        expected = torch.arange(3000.0, device="cuda").view(3, 1000).sum(0)
+        assert torch.equal(harness_side.view(layout.outputs[0]), expected)
+    finally:
         harness_side.close()
 
 
