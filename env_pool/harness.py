@@ -119,6 +119,11 @@ class Rounds:
         self.snapshots = [torch.empty_like(o) for o in self.out_views]
         self.flusher = CacheFlusher(self.device)
 
+    def device_bytes(self) -> int:
+        """What this task keeps on its device between evaluations: slots, snapshots, the reference, the flush buffer."""
+        tensors = [*self.snapshots, *self.reference.parameters(), *self.reference.buffers(), self.flusher.buffer]
+        return self.memory.size + sum(t.numel() * t.element_size() for t in tensors)
+
     def close(self) -> None:
         self.control.close()
         self.memory.close()
@@ -544,11 +549,21 @@ def _as_list(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-class TaskCache:
-    """Each task's reference and round memory, kept for the next evaluation of the same task."""
+CACHE_DEVICE_SHARE = 0.25  # of the GPU's memory, at most, for tasks kept for later (the servers need the rest)
 
-    def __init__(self, size: int = 4):
+
+class TaskCache:
+    """Each task's reference and round memory, kept for the next evaluation of the same task.
+
+    At most ``size`` tasks, and on a GPU at most ``budget_bytes`` of them besides the newest:
+    KernelBench's level-1 problems hold 6-8 GiB a tensor, and four of them kept (their slots,
+    snapshots and reference) held ~75 GiB of an H100 while the next task's trusted server
+    failed for lack of 7 GiB (2026-11-26, 51 of 172 problems out of memory in bursts).
+    """
+
+    def __init__(self, size: int = 4, budget_bytes: int | None = None):
         self.size = size
+        self.budget_bytes = budget_bytes
         self.entries: dict[tuple, Rounds] = {}
 
     @staticmethod
@@ -560,9 +575,13 @@ class TaskCache:
         key = self.key(payload)
         rounds = self.entries.pop(key, None) or Rounds(payload)
         self.entries[key] = rounds  # most recent last
-        if len(self.entries) > self.size:
-            while len(self.entries) > self.size:
-                self.entries.pop(next(iter(self.entries))).close()
+        budget = self.budget_bytes if self.budget_bytes is not None else device_budget(rounds.device)
+        evicted = False
+        while len(self.entries) > 1 and (len(self.entries) > self.size
+                                         or sum(r.device_bytes() for r in self.entries.values()) > budget):
+            self.entries.pop(next(iter(self.entries))).close()
+            evicted = True
+        if evicted:
             release_cached_memory()
         return rounds
 
@@ -574,6 +593,13 @@ class TaskCache:
         if others:
             release_cached_memory()
         return bool(others)
+
+
+def device_budget(device: str) -> float:
+    """The device memory cached tasks may hold: CACHE_DEVICE_SHARE of a GPU's, no bound on the CPU."""
+    if device != "cuda":
+        return float("inf")
+    return CACHE_DEVICE_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
 def release_cached_memory() -> None:

@@ -1,6 +1,6 @@
 """The environment's speed: wall time per evaluation, and throughput under concurrent load.
 
-    python scripts/bench_env_speed.py --out DIR [--backend cpp|cuda] [--repeats 5] [--load-s 120]
+    python scripts/bench_env_speed.py --out DIR [--backend cpp|cuda] [--repeats 5] [--gap-s 0] [--load-s 120]
                                       [--concurrency 8] [--skip-load] [--skip-inline] [key=value ...]
 
 Runs the environment in this process as an EnvWorker does (its evaluation context, no Ray). key=value
@@ -9,7 +9,9 @@ DIR/env_speed.json and prints a table. A benchmark measures; nothing here assert
 
 1. Latency: a correct fast-path kernel (cached compile after its first), per mode (compile,
    verify, full): the first evaluation on a fresh worker (cold: the harness starts, full mode
-   times the baselines), then ``--repeats`` more (warm).
+   times the baselines), then ``--repeats`` more (warm), ``--gap-s`` apart (0: back to back, so
+   each waits for the start-up of the server the one before it used, where start-ups are slower
+   than evaluations: 2 cores).
 2. load_inline: a KernelBench-style solution's first evaluation in compile mode on a fresh
    worker (its build, cold) and again (its cache), without and then with the precompiled
    torch/extension.h (env.pch_dir; its one-off build is timed too).
@@ -90,7 +92,10 @@ def latency(args, tasks: dict, root: Path) -> list[dict]:
     rows = []
     for mode in ("compile", "verify", "full"):
         ctx = context(args, root / f"latency-{mode}")
-        runs = [timed(ctx, task, files, mode) for _ in range(1 + args.repeats)]
+        runs = [timed(ctx, task, files, mode)]
+        for _ in range(args.repeats):
+            time.sleep(args.gap_s)  # the agent's turns between two evaluations: the pool refills meanwhile
+            runs.append(timed(ctx, task, files, mode))
         close(ctx)
         warm = [r["wall_s"] for r in runs[1:]]
         rows.append({"what": f"{mode}", "cold_s": runs[0]["wall_s"], "warm_median_s": statistics.median(warm),
@@ -174,6 +179,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="cpp", choices=("cpp", "cuda"))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gap-s", type=float, default=0.0, help="seconds between warm evaluations (an agent's turns)")
     parser.add_argument("--load-s", type=float, default=120.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--skip-load", action="store_true")
@@ -184,7 +190,7 @@ def main() -> None:
     tasks = {t.id: t for t in load_tasks()[0]}
     with tempfile.TemporaryDirectory(prefix="env-speed-") as tmp:
         root = Path(tmp)
-        report = {"backend": args.backend, "overrides": args.overrides, "latency": latency(args, tasks, root)}
+        report = {"backend": args.backend, "overrides": args.overrides, "gap_s": args.gap_s, "latency": latency(args, tasks, root)}
         if not args.skip_inline:
             report["latency"] += inline(args, tasks, root)
         if not args.skip_load:

@@ -49,7 +49,7 @@ def load_ours(runs: list[Path]) -> dict[str, dict]:
                 if r.get("eager_ms"):  # keyed as KernelBench's files are, whatever folder the sweep was given
                     ours[f"level{r['level']}/{r['task_id'].rsplit('/', 1)[-1]}"] = {
                         "eager": r["eager_ms"], "compile": r.get("compiled_ms") or 0.0,
-                        **{k: r[k] for k in ("train_mode_modules", "input_mb") if k in r}}
+                        **{k: r[k] for k in ("train_mode_modules", "convolutions", "input_mb") if k in r}}
     return ours
 
 
@@ -75,7 +75,8 @@ def likely_cause(row: dict, mine: dict) -> str:
 
     Causes, in the order they are checked: the reference's train/eval mode (we build every
     reference with eval(); KernelBench times it as constructed, in training mode: BatchNorm's
-    batch statistics, active Dropout), a working set that fits the L2 (KernelBench does not flush
+    batch statistics, active Dropout), convolutions timed slower (the environment turns cuDNN's
+    TF32 off, so that float32 kernels meet a 1e-4 tolerance; torch's default allows it), a working set that fits the L2 (KernelBench does not flush
     caches between trials, we do), a time of tens of microseconds (our clock counts the round
     trip GO to DONE less the null phase, KernelBench's CUDA events only the kernels).
     """
@@ -84,6 +85,9 @@ def likely_cause(row: dict, mine: dict) -> str:
         return ""
     if mine.get("train_mode_modules"):
         return f"likely train vs eval mode ({', '.join(mine['train_mode_modules'])}: we time eval(), KernelBench training mode)"
+    if mine.get("convolutions") and max(ratios) > CLOSE[1]:
+        return (f"likely TF32 ({', '.join(mine['convolutions'])}: we time cuDNN in full float32, "
+                "KernelBench with torch's default, TF32 allowed)")
     theirs = min((x for x in (row["eager_kb_ms"], row["compile_kb_ms"]) if x), default=None)
     if mine.get("input_mb") is not None and mine["input_mb"] < L2_MB and max(ratios) > CLOSE[1]:
         return f"likely cold caches: inputs of {mine['input_mb']:.3g} MB fit the {L2_MB} MB L2, which we flush and KernelBench does not"

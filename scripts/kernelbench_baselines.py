@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -158,12 +159,14 @@ def worker(args, index: int) -> None:
 
 
 def facts(task, backend: str) -> dict:
-    """What explains a baseline that differs from KernelBench's: modules whose train and eval modes differ, the data's size."""
+    """What explains a baseline that differs from KernelBench's: modules whose train and eval modes differ,
+    convolutions (cuDNN's TF32, which the environment turns off), the data's size."""
     import torch
 
     from tasks.task import build_problem
 
-    record = {"train_mode_modules": sorted({m for m in ("BatchNorm", "Dropout", "InstanceNorm") if m in task.source})}
+    record = {"train_mode_modules": sorted({m for m in ("BatchNorm", "Dropout", "InstanceNorm") if m in task.source}),
+              "convolutions": sorted(set(re.findall(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b", task.source)))}
     try:
         with torch.device("meta"):
             values = build_problem(task, backend).get_inputs()

@@ -87,6 +87,21 @@ def test_verify_accepts_summation_order_differences():
     assert check_outputs(0, TASK, expected, got, META).passed
 
 
+@pytest.mark.parametrize("expected, got", [
+    ([1.0, float("inf"), float("-inf")], [1.0, float("inf"), float("-inf")]),  # equal infinities are close
+    ([1.0, float("inf")], [1.0, 3.0e38]),
+    ([1.0, float("inf")], [1.0, float("-inf")]),
+    ([float("nan"), 1.0], [0.0, 1.0]),  # a NaN in the reference is never matched
+    ([1.0, 2.0], [1.0 + 1.9e-4, 2.0]),  # inside atol + rtol * |expected|
+    ([1.0, 2.0], [1.0 + 2.1e-4, 2.0]),  # just outside
+    ([0.0, 1e30], [1e-9, 1e30 * (1 + 5e-5)]),
+])
+def test_verify_decides_as_torch_allclose(expected, got):
+    e, g = torch.tensor(expected), torch.tensor(got)
+    atol, rtol = TASK.tolerances("float32")
+    assert check_outputs(0, TASK, [e], [g], META).passed == torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
+
+
 def test_verify_rejects_non_contiguous_and_wrong_device():
     meta = [{"device_type": "cpu", "expected_device_type": "cuda", "contiguous": True}]
     assert "is on cpu" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason

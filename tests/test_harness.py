@@ -176,6 +176,30 @@ def test_out_of_memory_is_recognised_as_torch_and_the_driver_word_it(message, oo
     assert out_of_memory(message) is oom
 
 
+def test_the_task_cache_keeps_what_its_device_budget_holds_besides_the_newest_task():
+    from env_pool import harness
+    from tasks.loader import load_tasks
+
+    tasks = {t.id: t for t in load_tasks()[0]}
+    payload = {tid: {"task": tasks[tid].to_dict(), "backend": "cpp", "threads": 1}
+               for tid in ("level1/01_gelu", "level1/02_swish", "level1/03_softmax")}
+    probe = harness.TaskCache()
+    sizes = {tid: probe.get(p).device_bytes() for tid, p in payload.items()}
+    assert all(n > 2 * 2**20 for n in sizes.values()), sizes  # the slots alone: inputs and outputs of MBs
+    for rounds in probe.entries.values():
+        rounds.close()
+    # Room for two of the three: the oldest goes as the third comes; the newest stays whatever its size.
+    cache = harness.TaskCache(budget_bytes=sizes["level1/02_swish"] + sizes["level1/03_softmax"])
+    for tid in payload:
+        cache.get(payload[tid])
+    assert [k[0] for k in cache.entries] == ["level1/02_swish", "level1/03_softmax"]
+    tiny = harness.TaskCache(budget_bytes=1)
+    for tid in payload:
+        tiny.get(payload[tid])
+    assert [k[0] for k in tiny.entries] == ["level1/03_softmax"]
+    assert harness.TaskCache().budget_bytes is None and harness.device_budget("cpu") == float("inf")
+
+
 def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_tasks(monkeypatch):
     """Real cached tasks (references, round memory); the device's OOM itself cannot happen on this CPU machine."""
     from env_pool import harness
