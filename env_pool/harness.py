@@ -556,9 +556,10 @@ class TaskCache:
     """Each task's reference and round memory, kept for the next evaluation of the same task.
 
     At most ``size`` tasks, and on a GPU at most ``budget_bytes`` of them besides the newest:
-    KernelBench's level-1 problems hold 6-8 GiB a tensor, and four of them kept (their slots,
-    snapshots and reference) held ~75 GiB of an H100 while the next task's trusted server
-    failed for lack of 7 GiB (2026-11-26, 51 of 172 problems out of memory in bursts).
+    KernelBench's level-1 problems hold 6-8 GiB a tensor, so four of them kept (slots, snapshots
+    and reference: ~20 GiB each) fill most of an H100. A baselines sweep there (2026-11-26) saw
+    a trusted server fail for 7 GiB right after four such problems, and 51 of 172 problems fail
+    out of memory in bursts.
     """
 
     def __init__(self, size: int = 4, budget_bytes: int | None = None):
@@ -605,8 +606,7 @@ def device_budget(device: str) -> float:
 def release_cached_memory() -> None:
     """What dropped tasks held, back to the driver: the servers allocate in processes of their own,
     and the next task's slots are a driver allocation (cuMemCreate), which torch's cache does not
-    serve: without this, a sweep over KernelBench's GiB-sized problems ran out of memory in
-    cuMemCreate with most of an H100 cached by torch for tasks long gone."""
+    serve."""
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
