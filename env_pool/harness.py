@@ -577,10 +577,12 @@ class TaskCache:
         rounds = self.entries.pop(key, None) or Rounds(payload)
         self.entries[key] = rounds  # most recent last
         budget = self.budget_bytes if self.budget_bytes is not None else device_budget(rounds.device)
+        held = {k: r.device_bytes() for k, r in self.entries.items()} if budget != float("inf") else {}
         evicted = False
-        while len(self.entries) > 1 and (len(self.entries) > self.size
-                                         or sum(r.device_bytes() for r in self.entries.values()) > budget):
-            self.entries.pop(next(iter(self.entries))).close()
+        while len(self.entries) > 1 and (len(self.entries) > self.size or sum(held.values()) > budget):
+            oldest = next(iter(self.entries))
+            self.entries.pop(oldest).close()
+            held.pop(oldest, None)
             evicted = True
         if evicted:
             release_cached_memory()

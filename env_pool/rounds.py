@@ -224,8 +224,7 @@ class _Vmm:
         torch.zeros(1, device="cuda")  # the primary context, current on this thread
         # The allocation's own size, as export rounded it: a range reserved for the layout's
         # unrounded size is refused (CUDA_ERROR_INVALID_VALUE), as for 4096.12 MB of HingeLoss.
-        self.size = self.rounded(size)
-        size = self.size
+        size = self.size = self.rounded(size)
         self.handle = ctypes.c_ulonglong()
         _check(cu.cuMemImportFromShareableHandle(ctypes.byref(self.handle), ctypes.c_void_p(fd),
                                                  _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")

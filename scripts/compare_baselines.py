@@ -76,9 +76,10 @@ def likely_cause(row: dict, mine: dict) -> str:
     Causes, in the order they are checked: the reference's train/eval mode (we build every
     reference with eval(); KernelBench times it as constructed, in training mode: BatchNorm's
     batch statistics, active Dropout), convolutions timed slower (the environment turns cuDNN's
-    TF32 off, so that float32 kernels meet a 1e-4 tolerance; torch's default allows it), a working set that fits the L2 (KernelBench does not flush
-    caches between trials, we do), a time of tens of microseconds (our clock counts the round
-    trip GO to DONE less the null phase, KernelBench's CUDA events only the kernels).
+    TF32 off, so that float32 kernels meet a 1e-4 tolerance; torch's default allows it), a
+    working set that fits the L2 (KernelBench does not flush caches between trials, we do), a
+    time of tens of microseconds (our clock counts the round trip GO to DONE less the null
+    phase, KernelBench's CUDA events only the kernels).
     """
     ratios = [r for r in (row["eager_ratio"], row["compile_ratio"]) if r]
     if not ratios or all(CLOSE[0] <= r <= CLOSE[1] for r in ratios):

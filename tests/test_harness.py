@@ -130,9 +130,8 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
     harness_side.view(layout.args[0]["slot"]).copy_(torch.arange(3000.0, device="cuda").view(3, 1000))
     torch.cuda.synchronize()
     server = (
-        "import os, socket, sys, torch\n"
+        "import json, sys, torch\n"
         "from env_pool.rounds import Layout, SlotMemory\n"
-        "import json\n"
         "layout = Layout.from_dict(json.loads(sys.argv[2]))\n"
         "memory = SlotMemory.attach(int(sys.argv[1]), layout.size, 'cuda')\n"
         "x = memory.view(layout.args[0]['slot'])\n"
