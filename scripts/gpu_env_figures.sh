@@ -77,13 +77,17 @@ baselines-start)  # STAGE (compile, time or all) on CPUS (taskset's list) and GP
   ;;
 baselines-wait)
   end=$(( $(date +%s) + ${2:?seconds} ))
-  while [ "$(date +%s)" -lt "$end" ] && pgrep -f kernelbench_baselines.py > /dev/null; do sleep 10; done
+  while [ "$(date +%s)" -lt "$end" ] && pgrep -f kernelbench_baselines.py > /dev/null; do
+    # device memory as it goes (whose, and how much): what a burst of out-of-memory failures had beside it
+    { date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >> "$BASE/memory.log" 2>&1
+    sleep 10
+  done
   echo "compiled: $(cat "$BASE"/compiled.jsonl 2>/dev/null | grep -c '"ok": true'); baselines: $(cat "$BASE"/baselines-gpu*.jsonl 2>/dev/null | grep -c eager_ms); failed: $(cat "$BASE"/baselines-gpu*.jsonl 2>/dev/null | grep -c '"error"'); running: $(pgrep -f kernelbench_baselines.py > /dev/null && echo yes || echo no)"
   ;;
 baselines-report)
   python3 scripts/kernelbench_baselines.py --out "$BASE" --stage compare --tasks "$KB/level1" "$KB/level2" "$KB/level3" \
     --timing "$KB/results/timing/H100_Modal" | tail -12
-  cat "$BASE"/baselines-gpu*.jsonl > "$OUT/baselines.jsonl"; cp "$BASE/baselines.md" "$BASE/baselines.json" "$BASE/compiled.jsonl" "$OUT/" 2>/dev/null
+  cat "$BASE"/baselines-gpu*.jsonl > "$OUT/baselines.jsonl"; cp "$BASE/baselines.md" "$BASE/baselines.json" "$BASE/compiled.jsonl" "$BASE/memory.log" "$OUT/" 2>/dev/null
   tail -c 3000 "$BASE"/worker-gpu0.log > "$OUT/worker-gpu0.log" 2>/dev/null; true
   ;;
 esac

@@ -90,23 +90,60 @@ def env_overrides(items: list[str]) -> dict:
 # --------------------------------------------------------------------------- 1. compile ahead
 
 
+COMPILE_SHARE = 0.8  # of a GPU's free memory that compiles at once may fill (the rest: the driver, torch's cache)
+COMPILE_FOOTPRINT = 4  # a compile's device memory in its inputs' sizes: inputs, outputs, inductor's intermediates
+
+
 def compile_all(args, tasks: list, inductor: Path, progress: Progress) -> None:
-    """Compile every task not compiled yet, --compile-procs processes at once; each outcome a line of COMPILED."""
+    """Compile every task not compiled (nor timed) yet; each outcome a line of COMPILED.
+
+    Small problems compile --compile-procs at once; problems whose footprint does not fit a
+    process's share of the device compile after them, one per GPU (12 GiB-sized compiles at once
+    ran the H100 out of memory, and those compiles were lost)."""
     from env_pool.baseline_compile import forget_autotuning
 
     log = args.out / COMPILED
-    done = {r["id"] for r in read_lines(log) if r.get("ok")}
+    done = {r["id"] for r in read_lines(log) if r.get("ok")} | set(measured(args.out))
     todo = [t for t in tasks if t.id not in done]
     bar = progress.add_task("compile ahead", total=len(tasks), completed=len(tasks) - len(todo))
-    if not todo:
-        return
     procs = max(1, min(args.compile_procs, len(todo)))
+    small, large = split_by_footprint(todo, args.backend, device_share_mb(args.gpus, procs))
+    with log.open("a") as sink:
+        for wave, wave_procs in ((small, procs), (large, max(1, len(args.gpus)))):
+            for line in compile_wave(args, wave, wave_procs):
+                sink.write(line)
+                sink.flush()
+                progress.advance(bar)
+    forget_autotuning(inductor)
+
+
+def device_share_mb(gpus: list[int], procs: int) -> float:
+    """One compile process's share of the smallest GPU's free memory, in MB (unbounded without a GPU)."""
+    if not gpus:
+        return float("inf")
+    import torch
+
+    free = min(torch.cuda.mem_get_info(g)[0] for g in gpus) / 2**20
+    return free * COMPILE_SHARE / max(1, procs / len(gpus))
+
+
+def split_by_footprint(tasks: list, backend: str, share_mb: float) -> tuple[list, list]:
+    """(tasks whose compile fits share_mb, the others); a task whose size cannot be read counts as large."""
+    small, large = [], []
+    for task in tasks:
+        size = input_mb(task, backend)
+        (small if size is not None and size * COMPILE_FOOTPRINT <= share_mb else large).append(task)
+    return small, large
+
+
+def compile_wave(args, tasks: list, procs: int):
+    """Compile ``tasks`` in ``procs`` processes at once, dealt round-robin; yield each outcome's JSON line."""
     threads = int(env_overrides(args.overrides).get("threads", 1))
     children = []
-    for k in range(procs):
+    for k in range(min(procs, len(tasks))):
         jobs = [{"task": t.to_dict(), "backend": args.backend, "compile_mode": args.compile_mode, "threads": threads}
-                for t in todo[k::procs]]
-        env = {**os.environ, **compile_env(str(inductor), threads), "PYTHONPATH": str(HERE.parent)}
+                for t in tasks[k::procs]]
+        env = {**os.environ, **compile_env(str(args.out / "inductor"), threads), "PYTHONPATH": str(HERE.parent)}
         if args.gpus:
             env["CUDA_VISIBLE_DEVICES"] = device_of(args.gpus[k % len(args.gpus)])
         child = subprocess.Popen([sys.executable, "-m", "env_pool.baseline_compile"], stdin=subprocess.PIPE,
@@ -114,14 +151,10 @@ def compile_all(args, tasks: list, inductor: Path, progress: Progress) -> None:
         child.stdin.write(msgpack.packb(jobs))
         child.stdin.close()
         children.append(child)
-    with log.open("a") as sink:
-        for child in children:  # each one's lines in turn; the others run on meanwhile
-            for line in child.stdout:
-                sink.write(line.decode())
-                sink.flush()
-                progress.advance(bar)
-            child.wait()
-    forget_autotuning(inductor)
+    for child in children:  # each one's lines in turn; the others run on meanwhile
+        for line in child.stdout:
+            yield line.decode()
+        child.wait()
 
 
 # --------------------------------------------------------------------------- 2. time, one worker per GPU
@@ -161,19 +194,26 @@ def worker(args, index: int) -> None:
 def facts(task, backend: str) -> dict:
     """What explains a baseline that differs from KernelBench's: modules whose train and eval modes differ,
     convolutions (cuDNN's TF32, which the environment turns off), the data's size."""
+    record = {"train_mode_modules": sorted({m for m in ("BatchNorm", "Dropout", "InstanceNorm") if m in task.source}),
+              "convolutions": sorted(set(re.findall(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b", task.source)))}
+    size = input_mb(task, backend)
+    if size is not None:
+        record["input_mb"] = round(size, 2)
+    return record
+
+
+def input_mb(task, backend: str) -> float | None:
+    """The size of a problem's tensor inputs in MB, read on the meta device (None where that fails)."""
     import torch
 
     from tasks.task import build_problem
 
-    record = {"train_mode_modules": sorted({m for m in ("BatchNorm", "Dropout", "InstanceNorm") if m in task.source}),
-              "convolutions": sorted(set(re.findall(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b", task.source)))}
     try:
         with torch.device("meta"):
             values = build_problem(task, backend).get_inputs()
-        record["input_mb"] = round(sum(v.nbytes for v in values if isinstance(v, torch.Tensor)) / 2**20, 2)
-    except Exception:  # noqa: BLE001  (a fact for the report, not the measurement)
-        pass
-    return record
+    except Exception:  # noqa: BLE001  (a fact for sizing and the report, not the measurement)
+        return None
+    return sum(v.nbytes for v in values if isinstance(v, torch.Tensor)) / 2**20
 
 
 def time_all(args, tasks: list, progress: Progress) -> None:

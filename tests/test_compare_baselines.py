@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from scripts import compare_baselines
-from scripts.kernelbench_baselines import facts
+from scripts.kernelbench_baselines import COMPILE_FOOTPRINT, facts, split_by_footprint
 from tasks.task import Task
 
 PUBLISHED = {  # KernelBench's layout: level -> problem file -> stats
@@ -68,3 +68,18 @@ def test_the_facts_name_convolutions_and_modules_whose_train_mode_differs():
     record = facts(Task(id="level2/1_t", level=2, source=source), "cuda")
     assert record["train_mode_modules"] == ["BatchNorm"] and record["convolutions"] == ["ConvTranspose2d"]
     assert abs(record["input_mb"] - 2 * 3 * 16 * 16 * 4 / 2**20) < 0.01
+
+
+def test_compiles_ahead_split_by_their_inputs_footprint_and_an_unreadable_size_counts_as_large():
+    def task(name: str, inputs: str) -> Task:
+        source = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+                  f"def get_inputs():\n    return {inputs}\ndef get_init_inputs():\n    return []\n")
+        return Task(id=f"level1/{name}", level=1, source=source)
+
+    one_mb = "[torch.randn(512, 512)]"  # 1 MB of float32
+    tasks = [task("small", one_mb), task("large", "[torch.randn(512, 512, 8)]"),
+             task("unreadable", "[torch.randn(int(torch.randn(1).item()) + 4, 4)]")]  # .item() on the meta device fails
+    small, large = split_by_footprint(tasks, "cuda", share_mb=COMPILE_FOOTPRINT * 1.0)
+    assert [t.id for t in small] == ["level1/small"]
+    assert [t.id for t in large] == ["level1/large", "level1/unreadable"]
+    assert split_by_footprint(tasks[:2], "cuda", share_mb=float("inf"))[1] == []
