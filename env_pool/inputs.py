@@ -17,7 +17,17 @@ def make_inputs(problem: Problem, seed: int, device: str) -> list[object]:
 
 def make_model(problem: Problem, init_seed: int, device: str) -> torch.nn.Module:
     torch.manual_seed(init_seed)  # KernelBench's convention: Model and ModelNew built after the same seed
-    return problem.model_cls(*problem.get_init_inputs()).to(device).eval()
+    return build_on(device, problem.model_cls, problem.get_init_inputs())
+
+
+def build_on(device: str, model_cls: type, init_inputs: list) -> torch.nn.Module:
+    """``model_cls(*init_inputs)`` with its weights made on ``device``, in eval mode.
+
+    Not on the host first, as KernelBench builds: level3/2_ShallowWideMLP's 8 GiB of weights
+    would need that much host memory in every server, over the sandbox's memory limit. A
+    candidate's weights are the reference's, copied, so the device's generator is as good."""
+    with torch.device(device):
+        return model_cls(*init_inputs).to(device).eval()
 
 
 def adversarial(inputs: list[object], seed: int) -> list[list[object]]:

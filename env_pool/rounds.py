@@ -49,6 +49,9 @@ class Slot:
     offset: int
     shape: list[int]
     dtype: str  # torch dtype name without the prefix, e.g. "float32"
+    # An output's: whether the reference returns it contiguous; then a candidate must too
+    # (level1/97_ScaledDotProductAttention's reference returns a transposed view).
+    contiguous: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -90,7 +93,7 @@ def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str) -> 
             args.append({"value": value})
     outs = []
     for value in outputs:
-        slot = Slot(offset, list(value.shape), str(value.dtype).removeprefix("torch."))
+        slot = Slot(offset, list(value.shape), str(value.dtype).removeprefix("torch."), value.is_contiguous())
         outs.append(slot)
         offset = _align(offset + slot.nbytes)
     return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device)

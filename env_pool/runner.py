@@ -19,7 +19,7 @@ import msgpack
 import torch
 
 from env_pool import guards, nvcc_light
-from env_pool.inputs import make_inputs, make_model
+from env_pool.inputs import build_on, make_inputs, make_model
 from env_pool.profile import synchronize
 from env_pool.result_channel import child_exit, child_result_channel
 from env_pool.serve import copy_matching_weights, load_solution, setup_torch, short_error, use_prebuilt_extensions
@@ -57,7 +57,7 @@ def run_ncu(payload: dict) -> dict:
     state.armed = True
     module = load_solution(scratch)
     torch.manual_seed(payload["init_seed"])
-    model = module.ModelNew(*problem.get_init_inputs()).to(device).eval()
+    model = build_on(device, module.ModelNew, problem.get_init_inputs())
     copy_matching_weights(model, state_dict)
     with torch.no_grad():
         model(*inputs)

@@ -205,3 +205,17 @@ def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_aga
     with torch.no_grad():  # as _serve_rounds calls it
         torch.testing.assert_close(model(*args), torch.nn.functional.gelu(args[0]))
     assert counters["stats"]["unique_graphs"] == compiled, "the rounds reuse the build's graph (no recompile)"
+
+
+def test_a_models_weights_are_made_on_its_device_never_on_the_host_first():
+    """level3/2_ShallowWideMLP's 8 GiB of weights built on the host first ran its servers over the memory limit."""
+    from env_pool.inputs import make_model
+    from tasks.task import build_problem
+
+    source = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def __init__(self, n):\n"
+              "        super().__init__()\n        self.fc = nn.Linear(n, n)\n        self.made_on = self.fc.weight.device.type\n"
+              "    def forward(self, x):\n        return self.fc(x)\n"
+              "def get_inputs():\n    return [torch.randn(2, 1024)]\ndef get_init_inputs():\n    return [1024]\n")
+    problem = build_problem(Task(id="t/wide", level=1, source=source), "cpp")
+    model = make_model(problem, 0, "meta")  # made on the meta device, they take no memory at all
+    assert model.made_on == "meta" and model.fc.weight.device.type == "meta" and not model.training

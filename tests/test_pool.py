@@ -87,3 +87,50 @@ def test_compiles_beyond_env_compile_workers_wait_for_a_slot(tmp_path):
     compiled_meanwhile, result = asyncio.run(compile_while_the_only_slot_is_held())
     assert not compiled_meanwhile, "the compile ran although env.compile_workers=1 and the slot was taken"
     assert result.failure is None and result.cache_hit, f"{result.failure}: {result.message}"
+
+
+TRANSPOSED = '''"""Twice a matrix, returned transposed: a strided view, as level1/97_ScaledDotProductAttention's reference returns."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return (x * 2).t()
+
+
+def get_inputs():
+    return [torch.randn(64, 48)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def doubled(ret: str) -> dict[str, str]:
+    """A ctypes kernel that doubles x into y (x's shape); forward returns ``ret`` of y."""
+    return {
+        "kernel.cpp": 'extern "C" void twice(const float* x, float* y, long n) { for (long i = 0; i < n; ++i) y[i] = 2 * x[i]; }\n',
+        "model_new.py": (
+            "import ctypes, os\nimport torch\nimport torch.nn as nn\n\n"
+            "_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'kernel.so'))\n"
+            "_lib.twice.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]\n\n\n"
+            "class ModelNew(nn.Module):\n"
+            "    def forward(self, x):\n"
+            "        y = torch.empty_like(x)\n"
+            "        _lib.twice(x.data_ptr(), y.data_ptr(), x.numel())\n"
+            f"        return {ret}\n"),
+    }
+
+
+def test_an_output_may_be_strided_where_the_reference_returns_it_strided_and_nowhere_else(tmp_path):
+    pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 5, "warmup": 1})
+    strided = Task(id="tiny/transposed", level=1, source=TRANSPOSED)
+    for ret in ("y.t()", "y.t().clone(memory_format=torch.contiguous_format)"):  # as the reference, or contiguous
+        got = asyncio.run(pool.evaluate(strided, doubled(ret), "verify"))
+        assert got.failure is None and int(got.milestone) >= 1, f"{ret}: {got.failure}: {got.message}"
+    square = Task(id="tiny/doubled", level=1, source=TRANSPOSED.replace("(x * 2).t()", "x * 2").replace("64, 48", "48, 48"))
+    # the right values in a strided view (transposed twice): the reference returns them contiguous
+    got = asyncio.run(pool.evaluate(square, doubled("y.t().contiguous().t()"), "verify"))
+    assert got.failure == "wrong" and "not contiguous" in got.message, f"{got.failure}: {got.message}"
