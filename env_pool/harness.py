@@ -384,7 +384,9 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     report = _untrusted_report(server.outcome)
     report["output"] = server.outcome.output[-4000:]
     report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
-    failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True))) or failure
+    who = "the baselines' server" if trusted else "the candidate"
+    failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
+                               int(rounds.payload["memory_mb"])) or failure
     if failure is None and not trusted and not report["readable"]:
         failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
     if failure is not None:
@@ -395,7 +397,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     return runs, report
 
 
-def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool) -> RoundsFailed | None:
+def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool,
+                     who: str = "the candidate", memory_mb: int = 0) -> RoundsFailed | None:
     """A failure read from how the server's process ended (it beats a failed round: a kill explains it)."""
     if outcome.signal_name == KILL_SIGNAL and seccomp_on:
         reason = ("tried to start a process or run a program from native code (fork, exec or system()): "
@@ -404,8 +407,11 @@ def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFaile
         killed.violations = [{"guard": "subprocess", "reason": reason}]
         return killed
     if outcome.failure in ("timeout", "out_of_memory"):
-        what = {"timeout": "exceeded its time limit", "out_of_memory": "exceeded the memory limit"}[outcome.failure]
-        return RoundsFailed(outcome.failure, f"the candidate {what}\n{outcome.output[-1500:]}")
+        # Over the host limit, or a failed allocation of either memory; the peak is the watchdog's
+        # last poll, so a kill between two polls (the cgroup's) reads below the limit.
+        memory = f"ran out of memory (host limit {memory_mb} MB, highest seen {outcome.peak_memory_mb:.0f} MB)"
+        what = {"timeout": "exceeded its time limit", "out_of_memory": memory}[outcome.failure]
+        return RoundsFailed(outcome.failure, f"{who} {what}\n{outcome.output[-1500:]}")
     if outcome.failure == "crash" and failure is None:
         return RoundsFailed("crash", f"the candidate crashed ({outcome.signal_name or 'exit code ' + str(outcome.returncode)})"
                                      f"\n{outcome.output[-1500:]}")

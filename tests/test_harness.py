@@ -17,7 +17,7 @@ import msgpack
 import pytest
 import torch
 
-from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _untrusted_report, net_timing, resolved
+from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report, net_timing, resolved
 from env_pool.harness_process import HarnessProcess
 from env_pool.rounds import READY, Control, SlotMemory, plan_layout
 from env_pool.sandbox import SandboxOutcome
@@ -68,6 +68,15 @@ def test_the_server_report_keeps_only_short_well_formed_strings():
 ])
 def test_the_server_message_names_a_failure_never_a_success(message, kind):
     assert _kind_and_message(message, "crash")[0] == kind
+
+
+def test_a_server_out_of_memory_is_named_with_its_limit_and_the_peak_seen():
+    """The H100's baselines run read "the candidate exceeded the memory limit" for a trusted server, with no figure."""
+    ended = SandboxOutcome(returncode=None, signal_name="SIGKILL", timed_out=False, out_of_memory=True, cpu_limited=False,
+                           output="", result=None, wall_s=9.0, peak_memory_mb=8301.4)
+    failure = _outcome_failure(ended, {}, None, True, "the baselines' server", 8192)
+    assert failure.kind == "out_of_memory"
+    assert str(failure).startswith("the baselines' server ran out of memory (host limit 8192 MB, highest seen 8301 MB)")
 
 
 def test_a_server_that_loads_candidate_code_can_never_claim_infra():
