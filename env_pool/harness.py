@@ -53,7 +53,7 @@ from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
 from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxOutcome
-from env_pool.server_pool import Server, ServerPools, ServerSpec
+from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import check_outputs, varies_with_inputs
 from tasks.task import Task, build_problem
@@ -627,10 +627,25 @@ def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
     without them: KernelBench's level-1 elementwise problems take 6 GiB a tensor, and four of
     them cached (their references, their inputs) filled an H100 for every request after.
     """
+    begin = time.monotonic()
+    what = request_name(payload)
+    log(f"{what}: begun ({len(cache.entries)} tasks cached)")
     verdict = _attempt(payload, cache, pools)
     if verdict.get("failure") == "infra" and out_of_memory(str(verdict.get("message", ""))) and cache.keep_only(payload):
+        log(f"{what}: out of device memory, tried again without the other cached tasks")
         verdict = _attempt(payload, cache, pools)
+    outcome = verdict.get("failure") or "ok"
+    reason = str(verdict.get("message", "")).splitlines()[0][:300] if verdict.get("failure") else ""
+    log(f"{what}: {outcome} in {time.monotonic() - begin:.1f} s{': ' + reason if reason else ''}")
     return verdict
+
+
+def request_name(payload: Any) -> str:
+    """The task and mode a request asks for, as the log names it (a malformed one is answered as infra, not here)."""
+    try:
+        return f"{payload['task']['id']} {payload['mode']}{' with baselines' if payload.get('baseline') else ''}"
+    except (KeyError, TypeError, AttributeError):
+        return "a malformed request"
 
 
 def out_of_memory(message: str) -> bool:

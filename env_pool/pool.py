@@ -12,6 +12,7 @@ a hung device takes the worker out of service, and its evaluations fail as infra
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -28,6 +29,7 @@ from env_pool.results import EvalResult
 from env_pool.reward import apply_reward
 from tasks.task import Task
 
+log = logging.getLogger("cuda_agent.env")
 INFRA_PAUSE_S = 1.0  # the first pause before an infra retry; each later one doubles
 
 
@@ -93,6 +95,8 @@ class EnvPool:
                     if result.failure != "infra" or self.ctx.unhealthy:
                         break
                     # A disturbed machine (another process storming the CPUs) usually settles in seconds.
+                    log.info("%s: the environment failed (%s); tried again in %.0f s", task.id,
+                             result.message.splitlines()[0][:200] if result.message else "no message", INFRA_PAUSE_S * 2 ** attempt)
                     await asyncio.sleep(INFRA_PAUSE_S * 2 ** attempt)
                     self.stats.retried += 1
                     result = await evaluate(self.ctx, task, files, mode)

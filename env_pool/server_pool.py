@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,11 @@ def contended() -> bool:
     return len(os.sched_getaffinity(0)) <= CONTENDED_CPUS
 
 
+def log(line: str) -> None:
+    """One line of the harness's log (its stderr: the worker's harness.log), timestamped: what a stalled sweep was doing."""
+    print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
 class ServerPool:
     """Waiting servers of one spec, refilled as they are taken (after the run, where timed rounds are shielded)."""
 
@@ -183,11 +189,16 @@ class ServerPool:
     def take(self, spec: ServerSpec, keep: int) -> Server:
         """A waiting server of ``spec`` (or one started now), and the pool refilled to ``keep`` unless shielded."""
         if spec != self.spec:
+            if self.waiting:
+                log(f"{len(self.waiting)} waiting servers closed: the next request's settings differ")
             self.close()
             self.spec = spec
         for dead in [s for s in self.waiting if not s.waiting]:  # its start-up failed: not for a run
             self.waiting.remove(dead)
             dead.finish()
+            ended = dead.outcome
+            why = f"{ended.failure or 'exit ' + str(ended.returncode)}: {ended.output.strip()[-300:]}" if ended else dead.box.get("error")
+            log(f"a waiting {'trusted ' if spec.trusted else ''}server ended before its run ({why})")
         # One whose start-up is done, else the oldest (the furthest along).
         server = next((s for s in self.waiting if s.started), self.waiting[0] if self.waiting else None)
         if server is not None:

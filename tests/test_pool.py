@@ -11,8 +11,9 @@ from env_pool.pool import EnvPool
 from tasks.task import Task
 
 
-def test_infra_failures_are_retried_with_a_growing_pause_and_counted_once(tmp_path):
+def test_infra_failures_are_retried_with_a_growing_pause_and_counted_once(tmp_path, caplog):
     # A task without a Model fails in the trusted harness every time: the environment's fault, not the candidate's.
+    caplog.set_level("INFO", logger="cuda_agent.env")
     broken = Task(id="broken/no_model", level=1, source="x = 1\n")
     files = {"model_new.py": "import torch\nclass ModelNew(torch.nn.Module):\n    pass\n"}
     for retries, pauses in ((2, 1.0 + 2.0), (0, 0.0)):
@@ -22,6 +23,11 @@ def test_infra_failures_are_retried_with_a_growing_pause_and_counted_once(tmp_pa
         assert result.failure == "infra" and "harness failed" in result.message, result.message
         assert (pool.stats.retried, pool.stats.infra_failures, pool.stats.evaluated) == (retries, 1, 1)
         assert time.monotonic() - begin >= pauses
+    # each try is a line of the harness's log, and each retry a line of the worker's, with its reason
+    tries = [line for line in (tmp_path / "2" / "harness.log").read_text().splitlines() if "broken/no_model verify:" in line]
+    assert len([t for t in tries if ": begun" in t]) == 3 and len([t for t in tries if ": infra in " in t]) == 3, tries
+    retried = [r.getMessage() for r in caplog.records if r.name == "cuda_agent.env"]
+    assert len(retried) == 2 and all("the environment failed (the harness failed" in m for m in retried), retried
 
 
 TOO_FAST = '''"""The first element of a large vector: the reference takes microseconds, the harness's copy of its input milliseconds."""
