@@ -132,10 +132,24 @@ class Rounds:
 
     def fresh_inputs(self) -> list[Any]:
         """One call's arguments from a seed that never leaves this process, made on the device."""
-        torch.manual_seed(secrets.randbits(62))
+        # The generators that make them, seeded directly: torch.manual_seed also queues seeds for
+        # every other device kind, each with a formatted stack (a millisecond a round on the CPU).
+        seed = secrets.randbits(62)
+        torch.default_generator.manual_seed(seed)
+        if self.device == "cuda":
+            torch.cuda.manual_seed(seed)
         with torch.device(self.device):
             values = self.problem.get_inputs()
         return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def null_rounds(self, count: int) -> list[list[Any]]:
+        """The null phase's rounds: one input set, written into the slots each round as any round's.
+
+        Its server computes nothing from them (it is served before a candidate's code loads), so
+        fresh ones would only cost their making: a third of a second of a cpp full evaluation.
+        """
+        inputs = self.fresh_inputs()
+        return [inputs] * count
 
     def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | None] | int, check: bool,
                   sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None) -> PhaseRun:
@@ -488,7 +502,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     full = payload["mode"] == "full"
     if payload.get("baseline"):
         try:
-            runs, _ = serve_phases(rounds, pools, [("null", warmup + reps, False), ("eager", warmup + reps, False),
+            runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False), ("eager", warmup + reps, False),
                                             ("compiled", warmup + reps, False)], Path(payload["reference_cwd"]), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
@@ -516,7 +530,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
     # The null phase comes first in every mode: its rounds time the protocol (full mode) and show
     # the code sampler what serving the outputs costs in torch before the candidate's code loads.
-    phases = [("null", warmup + reps if full else NULL_ROUNDS, False), ("candidate", candidate_rounds, True)]
+    phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False), ("candidate", candidate_rounds, True)]
     try:
         runs, report = serve_phases(rounds, pools, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:

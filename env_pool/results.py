@@ -50,7 +50,6 @@ class InputCheck:
     index: int
     passed: bool
     max_abs_error: float | None = None  # over all outputs; None when shapes or dtypes differ
-    max_rel_error: float | None = None
     reason: str = ""  # why it failed: shape, dtype, NaN, tolerance, ...
 
 

@@ -102,6 +102,17 @@ def test_verify_decides_as_torch_allclose(expected, got):
     assert check_outputs(0, TASK, [e], [g], META).passed == torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8, torch.bool])
+def test_verify_decides_as_torch_allclose_in_every_dtype(dtype):
+    base = torch.tensor([0.0, 1.0, 2.0, 100.0])
+    for got in (base, base + 1, base * (1 + 2e-3)):  # equal; off by one; off by a half-precision ulp or so
+        e, g = base.to(dtype), got.to(dtype)
+        atol, rtol = TASK.tolerances(str(dtype).removeprefix("torch."))
+        meta = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": True}]
+        want = torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
+        assert check_outputs(0, TASK, [e], [g], meta).passed == want, (dtype, got)
+
+
 def test_verify_rejects_non_contiguous_and_wrong_device():
     meta = [{"device_type": "cpu", "expected_device_type": "cuda", "contiguous": True}]
     assert "is on cpu" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason
