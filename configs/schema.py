@@ -169,7 +169,7 @@ class EnvConfig:
     repetitions: int = 30  # env_pool/evaluate.py: timed runs; the median is reported
     compile_mode: str = "default"  # env_pool/evaluate.py: torch.compile mode of the baseline: default or max-autotune
     threads: int = 1  # env_pool/evaluate.py: CPU threads of the reference and the candidate (torch and OpenMP), the same for both
-    work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data
+    work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data, and harness.log (each request and its verdict)
     code_sampling: bool = True  # env_pool/evaluate.py: the harness samples the candidate's CPUs during its rounds and rejects library or torch code doing the work (env_pool/code_sampler.py); needs perf_event_open (root or CAP_PERFMON): without it evaluations are infra; False only for comparisons
     seccomp: bool = True  # env_pool/evaluate.py: kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
     ncu_timeout_s: float = 180.0  # env_pool/ncu.py: wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
