@@ -412,7 +412,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
 
 
 def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool,
-                     who: str = "the candidate", memory_mb: int = 0) -> RoundsFailed | None:
+                     who: str, memory_mb: int) -> RoundsFailed | None:
     """A failure read from how the server's process ended (it beats a failed round: a kill explains it)."""
     if outcome.signal_name == KILL_SIGNAL and seccomp_on:
         reason = ("tried to start a process or run a program from native code (fork, exec or system()): "

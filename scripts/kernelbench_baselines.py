@@ -110,7 +110,7 @@ def compile_all(args, tasks: list, inductor: Path, progress: Progress) -> None:
     small, large = split_by_footprint(todo, args.backend, device_share_mb(args.gpus, procs))
     with log.open("a") as sink:
         for wave, wave_procs in ((small, procs), (large, max(1, len(args.gpus)))):
-            for line in compile_wave(args, wave, wave_procs):
+            for line in compile_wave(args, wave, wave_procs, inductor):
                 sink.write(line)
                 sink.flush()
                 progress.advance(bar)
@@ -136,14 +136,14 @@ def split_by_footprint(tasks: list, backend: str, share_mb: float) -> tuple[list
     return small, large
 
 
-def compile_wave(args, tasks: list, procs: int):
-    """Compile ``tasks`` in ``procs`` processes at once, dealt round-robin; yield each outcome's JSON line."""
+def compile_wave(args, tasks: list, procs: int, inductor: Path):
+    """Compile ``tasks`` in ``procs`` processes at once into ``inductor``, dealt round-robin; yield each outcome's JSON line."""
     threads = int(env_overrides(args.overrides).get("threads", 1))
     children = []
     for k in range(min(procs, len(tasks))):
         jobs = [{"task": t.to_dict(), "backend": args.backend, "compile_mode": args.compile_mode, "threads": threads}
                 for t in tasks[k::procs]]
-        env = {**os.environ, **compile_env(str(args.out / "inductor"), threads), "PYTHONPATH": str(HERE.parent)}
+        env = {**os.environ, **compile_env(str(inductor), threads), "PYTHONPATH": str(HERE.parent)}
         if args.gpus:
             env["CUDA_VISIBLE_DEVICES"] = device_of(args.gpus[k % len(args.gpus)])
         child = subprocess.Popen([sys.executable, "-m", "env_pool.baseline_compile"], stdin=subprocess.PIPE,
