@@ -55,14 +55,14 @@ from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_pha
 from env_pool.sandbox import SandboxError, SandboxOutcome
 from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
-from env_pool.verify import check_outputs, varies_with_inputs
+from env_pool.verify import Variation, check_outputs
 from tasks.task import Task, build_problem
 
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
 MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
 NULL_ROUNDS = 5  # the null phase's rounds in verify mode (full mode times warmup + repetitions of them)
 STAGING_FLOOR = 0.25  # a net time under this fraction of the round's input and output copies is not a kernel's
-KEPT_OUTPUTS = 5  # checked outputs kept for the "does the output vary with the inputs" test
+VARIATION_ROUNDS = 5  # checked rounds of the "does the output vary with the inputs" test
 OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
 
 
@@ -83,8 +83,8 @@ class PhaseRun:
     samples_ns: list[int] = field(default_factory=list)
     staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output copies, per round
     checks: list[InputCheck] = field(default_factory=list)
-    kept: list[list[torch.Tensor]] = field(default_factory=list)
-    expected: list[list[torch.Tensor]] = field(default_factory=list)
+    outputs: Variation = field(default_factory=Variation)  # the server's, over the first VARIATION_ROUNDS checked rounds
+    expected: Variation = field(default_factory=Variation)  # the reference's, over the same rounds
     mutated: bool = False
     code: CodeLedger | None = None  # where the server's CPU time went in the rounds (a candidate's server only)
 
@@ -235,12 +235,11 @@ class Rounds:
         with torch.no_grad():
             expected = [o.detach() for o in _as_list(self.reference(*inputs))]
         got = snapshot
-        meta = [{"device_type": self.device, "expected_device_type": self.device, "contiguous": True}] * len(got)
-        check = check_outputs(len(run.checks), self.task, expected, got, meta)
+        check = check_outputs(len(run.checks), self.task, expected, got)
         run.checks.append(check)
-        if len(run.kept) < KEPT_OUTPUTS:
-            run.kept.append([g.clone() for g in got])
-            run.expected.append(expected)
+        if len(run.checks) <= VARIATION_ROUNDS:
+            run.outputs.add(got, copy=True)  # the snapshots are the next round's too
+            run.expected.add(expected)
         if not check.passed:
             raise RoundsFailed("wrong", f"wrong on round {check.index}: {check.reason}")
 
@@ -399,6 +398,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     report["output"] = server.outcome.output[-4000:]
     report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
     who = "the baselines' server" if trusted else "the candidate"
+    name = "the baselines' server" if trusted else "the candidate's server"
+    log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside env.memory_limit_mb
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
                                int(rounds.payload["memory_mb"])) or failure
     if failure is None and not trusted and not report["readable"]:
@@ -550,7 +551,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
         result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu", timed=reps if full else 0)
     if run.mutated:
         result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
-    if varies_with_inputs(run.expected) and not varies_with_inputs(run.kept):
+    if run.expected.varies and not run.outputs.varies:
         result.update(failure="wrong", message="the output does not change with the inputs")
         return result
     if full:
@@ -649,7 +650,7 @@ def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
         log(f"{what}: out of device memory, tried again without the other cached tasks")
         verdict = _attempt(payload, cache, pools)
     outcome = verdict.get("failure") or "ok"
-    reason = str(verdict.get("message", "")).splitlines()[0][:300] if verdict.get("failure") else ""
+    reason = str(verdict.get("message", "")).splitlines()[0][:1000] if verdict.get("failure") else ""
     log(f"{what}: {outcome} in {time.monotonic() - begin:.1f} s{': ' + reason if reason else ''}")
     return verdict
 

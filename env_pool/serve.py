@@ -252,9 +252,17 @@ def poison_freed_memory(device: str) -> None:
     """Fill memory the reference freed with NaN, so a candidate returning uninitialised buffers cannot pass."""
     gc.collect()
     if device == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        poison = torch.empty(int(free * 0.5) // 4, dtype=torch.float32, device="cuda").fill_(float("nan"))
-        del poison
+        # What this process freed (the reference's weights, its build's temporaries) waits in the
+        # caching allocator's free blocks, where a candidate's torch.empty finds it: each block is
+        # taken, largest first (so each takes its own, not a piece of a larger one), and filled
+        # with 0xFF bytes (NaN in every float dtype). Only those: memory new from the driver holds
+        # nothing of this process's, and a poison of half the free memory, kept cached, left the
+        # harness too little for KernelBench's 6 GiB tensors on an H100.
+        sizes = sorted((block["size"] for segment in torch.cuda.memory_snapshot() for block in segment["blocks"]
+                        if block["state"] == "inactive"), reverse=True)
+        held = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in sizes]
+        torch.cuda.synchronize()
+        del held
     else:
         for size in (2**16, 2**20, 2**22):  # below and above glibc's mmap threshold
             blocks = [torch.full((size,), float("nan")) for _ in range(8)]

@@ -148,7 +148,7 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "milestone": int(result.milestone),
         "failure": result.failure,
-        "message": result.message.splitlines()[0][:300] if result.message else "",
+        "message": result.message.splitlines()[0][:1000] if result.message else "",  # a CUDA out-of-memory line names each process's share past 300
         "violations": [{"guard": v.guard, "reason": v.reason[:200]} for v in result.violations],
         "eager_ms": result.eager.median_ms if result.eager else None,
         "compiled_ms": result.compiled.median_ms if result.compiled else None,

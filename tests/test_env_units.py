@@ -7,11 +7,11 @@ import torch
 from configs.schema import RewardConfig
 from env_pool.results import EvalResult, InputCheck, Milestone, Timing, Violation
 from env_pool.reward import apply_reward
-from env_pool.verify import check_outputs, varies_with_inputs
+from env_pool import verify
+from env_pool.verify import Variation, check_outputs
 from tasks.task import Task
 
 TASK = Task(id="t", level=1, source="")
-META = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": True}]
 
 
 def timed(eager: float, compiled: float, candidate: float, iqr: float = 0.0) -> EvalResult:
@@ -62,7 +62,7 @@ def test_wrong_or_failed_results_get_the_failure_reward():
 def test_verify_rejects_nan_even_where_the_reference_is_close():
     expected = [torch.ones(4)]
     got = [torch.tensor([1.0, float("nan"), 1.0, 1.0])]
-    check = check_outputs(0, TASK, expected, got, META)
+    check = check_outputs(0, TASK, expected, got)
     assert not check.passed and "NaN" in check.reason
 
 
@@ -76,7 +76,7 @@ def test_verify_rejects_nan_even_where_the_reference_is_close():
     ],
 )
 def test_verify_names_the_mismatch(got, reason):
-    check = check_outputs(0, TASK, [torch.ones(4)], got, META * len(got))
+    check = check_outputs(0, TASK, [torch.ones(4)], got)
     assert not check.passed and reason in check.reason
 
 
@@ -84,7 +84,7 @@ def test_verify_accepts_summation_order_differences():
     x = torch.randn(4096, dtype=torch.float64)
     expected = [x.sum().float().reshape(1)]
     got = [x.float().flip(0).cumsum(0)[-1].reshape(1)]
-    assert check_outputs(0, TASK, expected, got, META).passed
+    assert check_outputs(0, TASK, expected, got).passed
 
 
 @pytest.mark.parametrize("expected, got", [
@@ -99,7 +99,7 @@ def test_verify_accepts_summation_order_differences():
 def test_verify_decides_as_torch_allclose(expected, got):
     e, g = torch.tensor(expected), torch.tensor(got)
     atol, rtol = TASK.tolerances("float32")
-    assert check_outputs(0, TASK, [e], [g], META).passed == torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
+    assert check_outputs(0, TASK, [e], [g]).passed == torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8, torch.bool])
@@ -108,21 +108,55 @@ def test_verify_decides_as_torch_allclose_in_every_dtype(dtype):
     for got in (base, base + 1, base * (1 + 2e-3)):  # equal; off by one; off by a half-precision ulp or so
         e, g = base.to(dtype), got.to(dtype)
         atol, rtol = TASK.tolerances(str(dtype).removeprefix("torch."))
-        meta = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": True}]
         want = torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
-        assert check_outputs(0, TASK, [e], [g], meta).passed == want, (dtype, got)
+        assert check_outputs(0, TASK, [e], [g]).passed == want, (dtype, got)
 
 
-def test_verify_rejects_non_contiguous_and_wrong_device():
-    meta = [{"device_type": "cpu", "expected_device_type": "cuda", "contiguous": True}]
-    assert "is on cpu" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason
-    meta = [{"device_type": "cpu", "expected_device_type": "cpu", "contiguous": False}]
-    assert "contiguous" in check_outputs(0, TASK, [torch.ones(2)], [torch.ones(2)], meta).reason
+def test_verify_in_pieces_decides_and_counts_as_whole(monkeypatch):
+    """An output larger than a piece is compared piece by piece (a 6 GiB output's whole
+    difference ran an H100 out of memory): the same verdict, the same count and worst error."""
+    e = torch.linspace(-3, 3, 1000)
+    g = e.clone()
+    g[[5, 400, 999]] += torch.tensor([1.0, -2.0, 0.5])  # wrong in three pieces
+    whole = check_outputs(0, TASK, [e], [g])
+    monkeypatch.setattr(verify, "CHUNK", 64)
+    assert len(verify._pieces(e, g)) == 16
+    pieced = check_outputs(0, TASK, [e], [g])
+    assert (pieced.passed, pieced.reason, pieced.max_abs_error) == (whole.passed, whole.reason, whole.max_abs_error)
+    assert "3 of 1000 values" in pieced.reason and pieced.max_abs_error == pytest.approx(2.0)
+    g[700] = float("nan")
+    assert check_outputs(0, TASK, [e], [g]).reason == "output contains NaN"
+    assert check_outputs(0, TASK, [e], [e.clone()]).passed
+    strided = torch.randn(40, 50).t()  # a strided reference is compared whole, as it lies
+    assert len(verify._pieces(strided, strided.contiguous())) == 1
+    assert check_outputs(0, TASK, [strided], [strided.contiguous()]).passed
+
+
+def _variation(*sets: list[torch.Tensor], copy: bool = False) -> Variation:
+    variation = Variation()
+    for outputs in sets:
+        variation.add(outputs, copy)
+    return variation
 
 
 def test_constant_outputs_do_not_vary_with_inputs():
-    assert not varies_with_inputs([[torch.zeros(3)], [torch.zeros(3)]])
-    assert varies_with_inputs([[torch.zeros(3)], [torch.ones(3)]])
+    assert not _variation([torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)]).varies
+    assert _variation([torch.zeros(3)], [torch.zeros(3)], [torch.ones(3)]).varies  # any later set differing from the first
+    assert _variation([torch.zeros(2), torch.zeros(3)], [torch.zeros(2), torch.ones(3)]).varies  # any output of it
+
+
+def test_a_variation_copies_the_first_set_where_its_memory_is_reused():
+    reused = torch.zeros(3)
+    held = Variation()
+    held.add([reused], copy=True)
+    reused.fill_(1.0)  # the harness's snapshot, overwritten by the next round
+    held.add([reused], copy=True)
+    assert held.varies
+    aliased = Variation()
+    aliased.add([reused])
+    reused.fill_(2.0)
+    aliased.add([reused])
+    assert not aliased.varies  # what copy=True is for
 
 
 @pytest.mark.parametrize("cpus, threads, plan", [

@@ -158,6 +158,23 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
         harness_side.close()
 
 
+@pytest.mark.gpu
+def test_gpu_poison_fills_every_freed_block_and_holds_no_more_memory():
+    """A candidate's torch.empty gets a freed block of its server's allocator: it must read NaN,
+    never what the reference's build left there. Half the free memory poisoned and kept cached
+    (the old way, which missed these blocks) ran the harness out of memory on KernelBench's level 1."""
+    from env_pool.serve import poison_freed_memory
+
+    sizes = [1000, 300_000, 5_000_000, 70_000_000]  # the small pool's blocks and the large pool's
+    stale = [torch.full((n,), 3.0, device="cuda") for n in sizes]
+    del stale
+    reserved = torch.cuda.memory_reserved()
+    poison_freed_memory("cuda")
+    assert torch.cuda.memory_reserved() == reserved  # only the cached blocks were taken, nothing new
+    again = [torch.empty(n, device="cuda") for n in sizes]
+    assert all(bool(torch.isnan(t).all()) for t in again), [int((t == 3.0).sum()) for t in again]
+
+
 def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp_path: Path):
     harness = HarnessProcess(tmp_path / "harness.log")
     try:
