@@ -165,6 +165,7 @@ class EnvConfig:
     pch_dir: str = "~/.cache/cuda-agent/pch"  # env_pool/evaluate.py: where each machine keeps a precompiled torch/extension.h for load_inline builds (env_pool/inline_pch.py): built once in the background on the first load_inline solution (~1.6 GB, ~2 min of one core), then every such build skips parsing torch's headers (27 s -> 12 s on a 2-core CPU); "" turns it off
     infra_retries: int = 2  # env_pool/pool.py: times the env worker re-runs an evaluation that failed for the environment's own reason (infra: noisy baselines, a starved CPU), pausing 1 s, then 2 s, ...; a candidate's own failure is never retried
     memory_limit_mb: int = 8192  # env_pool/evaluate.py: address-space limit of a candidate's process (host memory)
+    baseline_memory_limit_mb: int = 32768  # env_pool/evaluate.py: host memory limit of a trusted baselines' server (the task's reference, eager and under torch.compile: trusted code, bounded only to keep a runaway task off the machine); torch.compile of KernelBench's level2/65 took 9.4 GB on an H100 host
     warmup: int = 5  # env_pool/evaluate.py: untimed runs before timing
     repetitions: int = 30  # env_pool/evaluate.py: timed runs; the median is reported
     compile_mode: str = "default"  # env_pool/evaluate.py: torch.compile mode of the baseline: default or max-autotune

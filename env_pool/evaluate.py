@@ -357,7 +357,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
                "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
-               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "warm_servers": int(cfg.warm_servers),
+               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "baseline_memory_mb": int(cfg.baseline_memory_limit_mb), "warm_servers": int(cfg.warm_servers),
                "warm_baseline_servers": int(cfg.warm_baseline_servers),
                "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),

@@ -273,7 +273,7 @@ def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
     a candidate's is beside its scratch folder.
     """
     p = rounds.payload
-    return ServerSpec(device=rounds.device, threads=int(p["threads"]), memory_mb=int(p["memory_mb"]),
+    return ServerSpec(device=rounds.device, threads=int(p["threads"]), memory_mb=memory_limit(p, trusted),
                       wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]),
                       hidden=() if trusted else tuple(p["hidden"]),
                       required=() if trusted else tuple(p.get("required_isolation", ())),
@@ -281,6 +281,11 @@ def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
                       trusted=trusted,
                       inductor_dir=str(p["inductor_dir"]) if trusted else "",
                       root=str(Path(p["reference_cwd" if trusted else "scratch"]).parent))
+
+
+def memory_limit(payload: dict, trusted: bool) -> int:
+    """The host memory limit of the request's server, MB (env.baseline_memory_limit_mb, env.memory_limit_mb)."""
+    return int(payload["baseline_memory_mb" if trusted else "memory_mb"])
 
 
 def claim_server(rounds: Rounds, pools: ServerPools, cwd: Path, trusted: bool) -> Server:
@@ -401,7 +406,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     name = "the baselines' server" if trusted else "the candidate's server"
     log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside env.memory_limit_mb
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
-                               int(rounds.payload["memory_mb"])) or failure
+                               memory_limit(rounds.payload, trusted)) or failure
     if failure is None and not trusted and not report["readable"]:
         failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
     if failure is not None:

@@ -257,16 +257,37 @@ def poison_freed_memory(device: str) -> None:
         # taken, largest first (so each takes its own, not a piece of a larger one), and filled
         # with 0xFF bytes (NaN in every float dtype). Only those: memory new from the driver holds
         # nothing of this process's, and a poison of half the free memory, kept cached, left the
-        # harness too little for KernelBench's 6 GiB tensors on an H100.
-        sizes = sorted((block["size"] for segment in torch.cuda.memory_snapshot() for block in segment["blocks"]
-                        if block["state"] == "inactive"), reverse=True)
-        held = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in sizes]
+        # harness too little for KernelBench's 6 GiB tensors on an H100 (and missed these blocks).
+        held = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in freed_block_requests(torch.cuda.memory_snapshot())]
         torch.cuda.synchronize()
         del held
     else:
         for size in (2**16, 2**20, 2**22):  # below and above glibc's mmap threshold
             blocks = [torch.full((size,), float("nan")) for _ in range(8)]
             del blocks
+
+
+SMALL_REQUEST = 1 << 20  # the largest request the caching allocator serves from its small pool (kSmallSize)
+
+
+def freed_block_requests(snapshot: list[dict]) -> list[int]:
+    """Request sizes, largest first, that take every free block of a CUDA caching allocator's ``snapshot``.
+
+    A small-pool block over 1 MiB (a freed 2 MiB segment, merged whole) is asked for in pieces
+    of at most 1 MiB: a larger request goes to the large pool and would get new memory instead.
+    """
+    sizes = []
+    for segment in snapshot:
+        small = segment.get("segment_type") == "small"
+        for block in segment["blocks"]:
+            if block["state"] != "inactive":
+                continue
+            size = block["size"]
+            while small and size > SMALL_REQUEST:
+                sizes.append(SMALL_REQUEST)
+                size -= SMALL_REQUEST
+            sizes.append(size)
+    return sorted(sizes, reverse=True)
 
 
 def short_error(err: BaseException) -> str:

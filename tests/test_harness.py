@@ -158,6 +158,19 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
         harness_side.close()
 
 
+def test_poison_asks_for_each_freed_block_as_its_pool_serves_it():
+    """A freed 2 MiB small-pool segment asked for whole would be served by the large pool, new
+    memory: the H100 test saw 20 MiB more reserved and the stale block left as it was."""
+    from env_pool.serve import SMALL_REQUEST, freed_block_requests
+
+    snapshot = [
+        {"segment_type": "small", "blocks": [{"state": "inactive", "size": 2 << 20}]},
+        {"segment_type": "small", "blocks": [{"state": "active_allocated", "size": 4096}, {"state": "inactive", "size": 8192}]},
+        {"segment_type": "large", "blocks": [{"state": "inactive", "size": 280 << 20}, {"state": "active_allocated", "size": 2 << 20}]},
+    ]
+    assert freed_block_requests(snapshot) == [280 << 20, SMALL_REQUEST, SMALL_REQUEST, 8192]
+
+
 @pytest.mark.gpu
 def test_gpu_poison_fills_every_freed_block_and_holds_no_more_memory():
     """A candidate's torch.empty gets a freed block of its server's allocator: it must read NaN,
@@ -173,6 +186,18 @@ def test_gpu_poison_fills_every_freed_block_and_holds_no_more_memory():
     assert torch.cuda.memory_reserved() == reserved  # only the cached blocks were taken, nothing new
     again = [torch.empty(n, device="cuda") for n in sizes]
     assert all(bool(torch.isnan(t).all()) for t in again), [int((t == 3.0).sum()) for t in again]
+
+
+def test_a_baselines_server_gets_its_own_host_memory_limit():
+    """torch.compile of KernelBench's level2/65 took 9.4 GB of host memory on an H100 host: over
+    a candidate's 8 GB, its trusted server ended out of memory and the problem had no baselines."""
+    from env_pool.harness import server_spec
+
+    payload = {"threads": 1, "memory_mb": 8192, "baseline_memory_mb": 32768, "wall_s": 120.0, "baseline_wall_s": 420.0,
+               "hidden": [], "scratch": "/w/scratch/x", "reference_cwd": "/w/private/x", "inductor_dir": "/w/inductor"}
+    rounds = SimpleNamespace(payload=payload, device="cpu")
+    assert server_spec(rounds, trusted=True).memory_mb == 32768
+    assert server_spec(rounds, trusted=False).memory_mb == 8192
 
 
 def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp_path: Path):
