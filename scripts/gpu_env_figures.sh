@@ -12,6 +12,9 @@
 #   bash scripts/gpu_env_figures.sh baselines-report                   # the comparison of every problem's baselines
 # The sweep runs in its own session (setsid), so it outlives the call that starts it while the
 # machine stays warm; results.jsonl grows one line per problem, and a later start resumes it.
+# Across machines too (one goes back 30 s after a call, and a session's device time does not
+# cover level 1's 100 problems): each sweep-wait returns the run as $OUT/sweep-state.tgz; put it
+# in the ignored .kbrun/ here and carry .kbrun, and the next machine's sweep-start resumes it.
 # On the H100 (2026-11-25) a problem's first evaluation, baselines included, took 25-65 s, one at a
 # time on the timing lane: a call of ten minutes scores about 15, and all 250 take about three hours.
 # Results go to $OUT (or ./gpu-figures); each part ends with a short table.
@@ -20,7 +23,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/gpu-figures}"
 KB="${KB:-$PWD/.kb/kernelbench}"
-RUN=/tmp/kb-sweep  # on the GPU machine's disk: it lasts as long as the machine
+RUN=/tmp/kb-sweep  # on the GPU machine's disk: it lasts as long as the machine (.kbrun carries it to the next)
+STATE=$PWD/.kbrun/sweep-state.tgz
 mkdir -p "$OUT" "$RUN"
 
 BASE=/tmp/kb-baselines  # kernelbench_baselines.py's folder, on the GPU machine's disk
@@ -38,6 +42,7 @@ sweep-start)
   # kernels, audited and reported whole; then levels 2 and 3, reference copies: their baselines)
   shift
   if [ $# -gt 0 ]; then parts=("picked:$*"); else parts=("l1:$KB/level1" "l23:$KB/level2 $KB/level3"); fi
+  if [ -f "$STATE" ] && [ "$(done_count)" -eq 0 ]; then tar xzf "$STATE" -C / && echo "resumed: $(done_count) problems done"; fi
   script=""
   for part in "${parts[@]}"; do
     name=${part%%:*}; mkdir -p "$RUN/$name"; echo "${part#*:}" > "$RUN/$name/tasks.txt"
@@ -52,6 +57,7 @@ sweep-wait)
     echo "$(date +%T) problems done: $(done_count)"; sleep $(( end - $(date +%s) < 60 ? end - $(date +%s) : 60 ))
   done
   echo "problems done: $(done_count); sweep running: $(pgrep -f kernelbench_sweep.sh > /dev/null && echo yes || echo no)"
+  tar czf "$OUT/sweep-state.tgz" --exclude=logs -C / "${RUN#/}"  # for .kbrun/: the next machine resumes from it
   tail -3 "$RUN/sweep.log"
   ;;
 sweep-report)
