@@ -404,7 +404,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
     who = "the baselines' server" if trusted else "the candidate"
     name = "the baselines' server" if trusted else "the candidate's server"
-    log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside env.memory_limit_mb
+    log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
                                memory_limit(rounds.payload, trusted)) or failure
     if failure is None and not trusted and not report["readable"]:

@@ -258,7 +258,8 @@ def poison_freed_memory(device: str) -> None:
         # with 0xFF bytes (NaN in every float dtype). Only those: memory new from the driver holds
         # nothing of this process's, and a poison of half the free memory, kept cached, left the
         # harness too little for KernelBench's 6 GiB tensors on an H100 (and missed these blocks).
-        held = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in freed_block_requests(torch.cuda.memory_snapshot())]
+        requests = freed_block_requests(torch.cuda.memory_snapshot())
+        held = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in requests]
         torch.cuda.synchronize()
         del held
     else:
