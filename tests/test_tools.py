@@ -239,8 +239,10 @@ def test_profile_reference_shows_shapes_time_and_top_operators(tmp_path, tasks, 
     assert result.valid and result.eval is None and result.reward is None
     assert "inputs: float32[256, 512]" in result.text and "eager time:" in result.text
     ops = re.findall(r"^\s+([\d.]+)%\s+[\d.]+\s+[\d.]+\s+(aten::\w+)$", result.text, re.M)
-    assert ops and ops[0][1] == "aten::addmm", result.text  # the GEMM dominates
-    assert {"aten::gelu", "aten::native_layer_norm"} <= {name for _, name in ops}
+    # the model's three operators lead, in order of self time (which leads is the machine's: on a
+    # loaded 2-core CI machine the layer norm once took longer than the GEMM)
+    assert {name for _, name in ops[:3]} == {"aten::addmm", "aten::gelu", "aten::native_layer_norm"}, result.text
+    assert [float(share) for share, _ in ops] == sorted((float(share) for share, _ in ops), reverse=True)
     assert asyncio.run(pool.profile_reference(box.task)) is pool.reference_profiles.cache[(box.task.id, "cpp")]  # cached
 
 
