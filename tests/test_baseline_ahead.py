@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from configs.schema import EnvConfig
-from env_pool.evaluate import EvalContext, evaluate
+from env_pool.pool import EnvPool
 from tasks.loader import load_tasks
 from tests.test_pool import TRANSPOSED, doubled
 
@@ -32,7 +31,8 @@ def test_a_baseline_compiled_ahead_into_the_work_dir_is_the_servers_cache_hit(tm
     compiled = graphs(inductor)
     assert compiled, "the compile ahead wrote no graph"
     [task], _ = load_tasks([problem])
-    ctx = EvalContext(cfg=EnvConfig(work_dir=str(work), repetitions=5, warmup=1))
-    result = asyncio.run(evaluate(ctx, task, doubled("y"), "full"))
+    # the worker's own retries of noisy baselines (a loaded 2-core CI machine): a retry compiles nothing either
+    pool = EnvPool({"work_dir": str(work), "repetitions": 10, "warmup": 2, "infra_retries": 3})
+    result = asyncio.run(pool.evaluate(task, doubled("y"), "full"))
     assert result.failure is None and result.compiled is not None, result.message
     assert graphs(inductor) == compiled  # the server's compile was a hit: no graph of its own
