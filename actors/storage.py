@@ -63,9 +63,7 @@ class StorageServer:
     def write(self, path: str, token: str, offset: int, data: bytes) -> None:
         part = _part(self._checked(path), token)
         part.parent.mkdir(parents=True, exist_ok=True)
-        with open(part, "r+b" if part.exists() else "wb") as f:
-            f.seek(offset)
-            f.write(data)
+        write_at(part, offset, data)
 
     def commit(self, path: str, token: str) -> None:
         """The upload ``token`` of ``path`` is whole: it replaces the file at once (a reader never sees half)."""
@@ -78,6 +76,20 @@ class StorageServer:
 
     def remove(self, path: str) -> None:
         _remove(self._checked(path))
+
+
+def write_at(part: Path, offset: int, data: bytes) -> None:
+    """``data`` at ``offset`` of ``part``, made if absent and never truncated: an upload's chunks
+    arrive on the server's threads in any order, and a chunk that opened the file "wb" after
+    another had written wiped it (CI read a shard back with its first megabyte zeroed)."""
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    finally:
+        os.close(fd)
 
 
 def manifest(path: Path) -> dict[str, list[int]] | None:
