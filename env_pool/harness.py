@@ -402,8 +402,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     report = _untrusted_report(server.outcome)
     report["output"] = server.outcome.output[-4000:]
     report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
-    who = "the baselines' server" if trusted else "the candidate"
     name = "the baselines' server" if trusted else "the candidate's server"
+    who = name if trusted else "the candidate"  # whom a failure message blames
     log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
                                memory_limit(rounds.payload, trusted)) or failure
