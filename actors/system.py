@@ -127,6 +127,14 @@ class System:
             ray.kill(actor, no_restart=True)
 
 
+def start_env_workers(reservation: Reservation, env_cfg: dict[str, Any]) -> list[Any]:
+    """An EnvWorker in each of the plan's env worker slots, each told its share of its node's CPUs."""
+    slots = reservation.plan.env_workers
+    shares = reservation.node_shares(slots)
+    return [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot))
+            .remote(env_cfg, cpu_share=shares[slot.index]) for slot in slots]
+
+
 async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, model: str,
                        storage: RunStorage | None = None) -> System:
     """Create every actor in its reserved bundle and start the engines (in parallel: they are slow).
@@ -136,8 +144,7 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, m
     transport = resolve_transport(cfg.cluster)
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
     env_cfg = cfg_dict["env"]
-    env_workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot)).remote(env_cfg)
-                   for slot in plan.env_workers]
+    env_workers = start_env_workers(reservation, env_cfg)
     buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
     generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,

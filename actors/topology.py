@@ -84,14 +84,16 @@ class ResourcePlan:
 # --------------------------------------------------------------------------- planning
 
 
-def plan_resources(cfg: Any, learner: bool = True) -> ResourcePlan:
+def plan_resources(cfg: Any, learner: bool = True, with_generators: bool = True) -> ResourcePlan:
     """The bundles and slots for ``cfg.cluster`` (and ``cfg.env.backend``); no Ray needed.
 
-    ``learner=False`` plans generators and env workers only (an evaluation sweep trains nothing)."""
+    ``learner=False`` plans generators and env workers only (an evaluation sweep trains nothing);
+    ``with_generators=False`` no generators either (a sweep that scores existing solutions): the env
+    workers then take GPUs of their own, env_colocate or not, one timing lane on each."""
     c = _cluster_values(cfg.cluster)
     _validate(c, _backend(cfg))
     layout = _Layout()
-    generators = [Slot("generator", i, [], 0.0, c["generator_cpus"]) for i in range(c["num_generators"])]
+    generators = [Slot("generator", i, [], 0.0, c["generator_cpus"]) for i in range(c["num_generators"] if with_generators else 0)]
     for slot in generators:
         layout.place(slot, [layout.new_gpu() for _ in range(c["generator_gpus"])])
     generator_gpus = len(layout.gpus)
@@ -105,7 +107,7 @@ def plan_resources(cfg: Any, learner: bool = True) -> ResourcePlan:
 
     env_workers = [Slot("env_worker", w, [], 0.0, c["env_worker_cpus"]) for w in range(c["num_env_workers"])]
     for slot in env_workers:
-        gpu = (slot.index % generator_gpus if c["env_colocate"] else layout.new_gpu()) if c["env_worker_gpus"] else None
+        gpu = (slot.index % generator_gpus if c["env_colocate"] and generator_gpus else layout.new_gpu()) if c["env_worker_gpus"] else None
         layout.place(slot, [] if gpu is None else [gpu])
     bundles = layout.bundles()
     return ResourcePlan(bundles, c["placement_strategy"], generators, env_workers, learner, c, layout.labels(c))
@@ -342,6 +344,16 @@ class Reservation:
                 placement_group_capture_child_tasks=True,
             ),
         }
+
+    def node_shares(self, slots: list[Slot]) -> dict[int, tuple[int, int]]:
+        """Per slot index: (its rank, how many of ``slots`` there are) among those placed on its node."""
+        from ray.util.placement_group import placement_group_table
+
+        node_of = placement_group_table(self.group).get("bundles_to_node_id") or {}
+        on_node: dict[Any, list[int]] = {}
+        for slot in slots:
+            on_node.setdefault(node_of.get(slot.bundles[0]), []).append(slot.index)
+        return {index: (rank, len(indices)) for indices in on_node.values() for rank, index in enumerate(indices)}
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group

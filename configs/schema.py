@@ -88,7 +88,7 @@ class ClusterConfig:
     address: str = "local"  # actors/topology.py: Ray address; "local" starts a private single-machine cluster
     num_generators: int = 1  # actors/topology.py, actors/weight_sync.py: GeneratorActors, each hosting one vLLM engine
     generator_gpus: int = 0  # actors/topology.py, rollout/vllm_policy.py: GPUs per generator (tensor parallel size); 0 runs vLLM on the CPU
-    num_env_workers: int = 1  # actors/topology.py: EnvWorkers: one per GPU for cuda, one per CPU slot for cpp
+    num_env_workers: int = 1  # actors/topology.py: EnvWorkers: one per GPU for cuda, one per CPU slot for cpp; those on one node each keep to an equal share of its CPUs (take_cpu_share)
     env_worker_gpus: int = 0  # actors/topology.py: GPUs per env worker (1 for the cuda backend)
     learner_gpus: int = 0  # actors/topology.py, actors/weight_sync.py: GPUs for the learner group; 0 trains on the CPU (gloo)
     colocate: bool = False  # actors/topology.py, actors/weight_sync.py: generator and learner share GPUs (weights swap through CUDA IPC)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -26,6 +27,7 @@ from env_pool.evaluate import EvalContext, evaluate
 from env_pool.ncu import ncu_summary
 from env_pool.reference_profile import ReferenceProfiles
 from env_pool.results import EvalResult
+from env_pool.sandbox_watchdog import move_threads
 from env_pool.reward import apply_reward
 from tasks.task import Task
 
@@ -66,6 +68,24 @@ def device_health() -> dict[str, Any]:
         return report
     finally:
         pynvml.nvmlShutdown()
+
+
+def cpu_share(cpus: list[int], rank: int, count: int) -> list[int]:
+    """The ``rank``-th of ``count`` equal slices of ``cpus``; one CPU, shared, where there are fewer CPUs than slices."""
+    part = cpus[rank * len(cpus) // count:(rank + 1) * len(cpus) // count]
+    return part or [cpus[rank % len(cpus)]]
+
+
+def take_cpu_share(rank: int, count: int) -> None:
+    """Keep this process (every thread of it) to its share of the node's CPUs.
+
+    Ray does not pin actors to CPUs, and split_cpus (env_pool/evaluate.py) gives the timed
+    servers the first of the process's CPUs: without shares, every env worker of a node timed
+    its candidates on the same CPU, each run's launches slowed by the others'."""
+    if count > 1:
+        cpus = set(cpu_share(sorted(os.sched_getaffinity(0)), rank, count))
+        if not move_threads({os.getpid()}, cpus):
+            log.warning("env worker %d of %d on this node: could not keep its threads to CPUs %s", rank, count, sorted(cpus))
 
 
 class EnvPool:
@@ -141,14 +161,17 @@ class EnvPool:
     def health(self) -> dict[str, Any]:
         state = self.watch.state
         return {"healthy": state.healthy, "unhealthy_reason": state.reason, "unhealthy_since": state.since,
-                "device_checks": state.checks, "stats": self.stats.__dict__.copy(), "devices": device_health()}
+                "device_checks": state.checks, "stats": self.stats.__dict__.copy(), "devices": device_health(),
+                "cpus": sorted(os.sched_getaffinity(0))}
 
 
 @ray.remote
 class EnvWorker:
     """Ray actor around EnvPool; results travel as msgpack-ready dicts (EvalResult.to_dict())."""
 
-    def __init__(self, cfg: Mapping[str, Any] | None = None, max_pending: int = 64):
+    def __init__(self, cfg: Mapping[str, Any] | None = None, max_pending: int = 64, cpu_share: tuple[int, int] = (0, 1)):
+        # Before anything starts: the harness, servers and builds inherit this process's CPUs.
+        take_cpu_share(*cpu_share)
         self.pool = EnvPool(cfg, max_pending)
 
     async def evaluate(self, task: Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> dict[str, Any]:

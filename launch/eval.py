@@ -42,10 +42,9 @@ from actors.generator import GeneratorActor
 from actors.run_logs import ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage, absolute_spec
-from actors.system import retry_while_restarting
+from actors.system import retry_while_restarting, start_env_workers
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
 from configs.load import ConfigError
-from env_pool.pool import EnvWorker
 from env_pool.results import EvalResult, Milestone
 from launch.embedded_model import resolve_policy
 from rollout.env_client import RayEnvClient
@@ -339,10 +338,8 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     reservation = None
     sweep.storage = RunStorage.for_run(cfg.storage, out, [sweep.served_spec.partition(":")[2]])
     try:
-        plan = plan_resources(cfg, learner=False)
-        if sweep.solutions:  # no policy: only env workers do anything
-            plan.generators = []
-        reservation = reserve(plan)
+        # No policy: only env workers do anything, each on a GPU of its own.
+        reservation = reserve(plan_resources(cfg, learner=False, with_generators=not sweep.solutions))
         writer = JsonlWriter(out / RESULTS)
         try:
             with SweepProgress(sweep, records, progress, console) as bar:
@@ -368,9 +365,8 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
 
 async def _run_todo(sweep: Sweep, reservation: Reservation, todo: list[tuple[Task, int]],
                     finished: Callable[[dict[str, Any]], None]) -> None:
-    plan, env_cfg = reservation.plan, OmegaConf.to_container(sweep.cfg.env, enum_to_str=True)
-    workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(s)).remote(env_cfg)
-               for s in plan.env_workers]
+    env_cfg = OmegaConf.to_container(sweep.cfg.env, enum_to_str=True)
+    workers = start_env_workers(reservation, env_cfg)
     generators: list[Any] = []
     try:
         if sweep.solutions:
@@ -499,8 +495,7 @@ async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict
     for name, file, overrides, todo in pending_passes(sweep, records):
         log.info("%s: evaluating %d solution(s) on fresh env workers", name, len(todo))
         env_cfg = OmegaConf.to_container(OmegaConf.merge(cfg.env, overrides), enum_to_str=True)
-        workers = [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(s)).remote(env_cfg)
-                   for s in reservation.plan.env_workers]
+        workers = start_env_workers(reservation, env_cfg)
         writer = JsonlWriter(out / file)
         try:
             env = RayEnvClient(workers)

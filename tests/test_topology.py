@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from actors.system import start_env_workers
 from actors.topology import TopologyError, check_fits, plan_resources, reserve, start_cluster
 from configs.load import load_config
 from configs.schema import ClusterConfig
+from env_pool.pool import cpu_share
 
 
 def config(*overrides: str, files: tuple[str, ...] = ()):
@@ -43,6 +45,25 @@ def test_one_h100_shares_its_single_gpu_three_ways_with_shares_that_fit():
     assert {s.role: (s.bundles, s.num_gpus) for s in plan.slots()} == {
         "generator": ([0], 0.3333), "env_worker": ([0], 0.3333), "learner": ([0], 0.3333)}
     assert sum(s.num_gpus for s in plan.slots()) <= 1.0
+
+
+def test_scoring_solutions_plans_env_workers_alone_each_on_a_gpu_of_its_own():
+    plan = plan_resources(config("cluster.num_env_workers=4", files=("gpu-1xh100",)), learner=False, with_generators=False)
+    assert plan.generators == [] and plan.learner == []
+    assert plan.bundles == [{"GPU": 1.0, "CPU": 1.0}] * 4  # env_colocate has no generator to share with
+    assert [(s.bundles, s.num_gpus) for s in plan.env_workers] == [([0], 1.0), ([1], 1.0), ([2], 1.0), ([3], 1.0)]
+
+
+@pytest.mark.parametrize("cpus, count", [(list(range(64)), 4), (list(range(16)), 3), ([2, 5, 7], 2), ([0, 1], 2)])
+def test_env_workers_of_a_node_split_its_cpus_into_disjoint_shares_that_cover_them(cpus, count):
+    shares = [cpu_share(cpus, rank, count) for rank in range(count)]
+    assert sorted(c for share in shares for c in share) == cpus
+    assert all(len(share) >= len(cpus) // count for share in shares)
+
+
+def test_more_env_workers_than_cpus_share_one_cpu_each():
+    shares = [cpu_share([3, 4], rank, 3) for rank in range(3)]
+    assert all(len(share) == 1 for share in shares) and {c for share in shares for c in share} == {3, 4}
 
 
 def test_two_h200_put_the_learner_alone_and_the_env_worker_beside_the_generator():
@@ -150,6 +171,25 @@ def test_reserved_actors_land_on_their_gpus_sharing_where_the_plan_says(cluster)
         assert gpus["learner"] != gpus["generator"], gpus  # colocate off: a GPU of its own
         for p in probes.values():
             ray.kill(p)
+    finally:
+        reservation.release()
+
+
+def test_env_workers_of_one_node_each_keep_to_their_own_share_of_its_cpus(cluster, tmp_path):
+    """Real EnvWorkers in a scoring sweep's reservation: without shares, both timed on the same CPU."""
+    import os
+
+    import ray
+
+    cfg = config("cluster.num_env_workers=2", "cluster.env_worker_cpus=0.5", files=("gpu-1xh100",))
+    reservation = reserve(plan_resources(cfg, learner=False, with_generators=False), timeout_s=60)
+    try:
+        workers = start_env_workers(reservation, {"backend": "cpp", "work_dir": str(tmp_path)})
+        cpus = [ray.get(w.health.remote(), timeout=120)["cpus"] for w in workers]
+        mine = sorted(os.sched_getaffinity(0))
+        assert cpus == [cpu_share(mine, 0, 2), cpu_share(mine, 1, 2)], cpus
+        for w in workers:
+            ray.kill(w)
     finally:
         reservation.release()
 
