@@ -330,6 +330,12 @@ class CpuPlan:
     builds: list[int]  # compiles, load_inline imports, servers' start-ups, the precompiled header's build
 
 
+def cpu_share(cpus: list[int], rank: int, count: int) -> list[int]:
+    """The ``rank``-th of ``count`` equal slices of ``cpus``; one CPU, shared, where there are fewer CPUs than slices."""
+    part = cpus[rank * len(cpus) // count:(rank + 1) * len(cpus) // count]
+    return part or [cpus[rank % len(cpus)]]
+
+
 def split_cpus(threads: int) -> CpuPlan:
     """The first ``threads`` of this process's CPUs for the servers, the next HARNESS_CPUS for the harness, the rest for builds.
 

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import EnvConfig
 from env_pool.device_watch import DeviceWatch
-from env_pool.evaluate import EvalContext, evaluate
+from env_pool.evaluate import EvalContext, cpu_share, evaluate
 from env_pool.ncu import ncu_summary
 from env_pool.reference_profile import ReferenceProfiles
 from env_pool.results import EvalResult
@@ -68,12 +68,6 @@ def device_health() -> dict[str, Any]:
         return report
     finally:
         pynvml.nvmlShutdown()
-
-
-def cpu_share(cpus: list[int], rank: int, count: int) -> list[int]:
-    """The ``rank``-th of ``count`` equal slices of ``cpus``; one CPU, shared, where there are fewer CPUs than slices."""
-    part = cpus[rank * len(cpus) // count:(rank + 1) * len(cpus) // count]
-    return part or [cpus[rank % len(cpus)]]
 
 
 def take_cpu_share(rank: int, count: int) -> None:

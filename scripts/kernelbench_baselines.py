@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgpack  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 
+from env_pool.evaluate import cpu_share  # noqa: E402
 from env_pool.server_pool import compile_env  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 
@@ -225,7 +226,7 @@ def time_all(args, tasks: list, progress: Progress) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     children = []
     for k, gpu in enumerate(lanes):
-        share = cpus[k * len(cpus) // len(lanes):(k + 1) * len(cpus) // len(lanes)]
+        share = cpu_share(cpus, k, len(lanes))
         command = [sys.executable, __file__, "--worker", str(k), "--share", *todo[k::len(lanes)], "--cpus",
                    *map(str, share), "--out", str(args.out), "--backend", args.backend, "--compile-mode", args.compile_mode,
                    "--tasks", *map(str, args.tasks), "--", *args.overrides]

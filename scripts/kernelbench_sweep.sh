@@ -21,11 +21,10 @@ export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # server then loads its compile instead of compiling with the timing lane held (5-60 s a problem).
 work=~/.cache/cuda-agent/env
 for kv in "$@"; do case $kv in env.work_dir=*) work=${kv#env.work_dir=};; esac; done
-# One env worker (one timing lane) per GPU, each on its own share of the CPUs (cluster.num_env_workers= overrides);
-# three compiles at once per GPU: level 1's activations each hold 12-18 GiB of device memory while compiling.
+python "$here/scripts/kernelbench_baselines.py" --out "${work/#\~/$HOME}/reference" --stage compile --tasks "${folders[@]}" | tail -1 \
+  || echo "the compile ahead failed: each baselines server compiles its own"
+# One env worker (one timing lane) per GPU, each on its own share of the CPUs (cluster.num_env_workers= overrides).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true); gpus=$(( gpus > 0 ? gpus : 1 ))
-python "$here/scripts/kernelbench_baselines.py" --out "${work/#\~/$HOME}/reference" --stage compile --tasks "${folders[@]}" \
-  --compile-procs $(( 3 * gpus )) | tail -1 || echo "the compile ahead failed: each baselines server compiles its own"
 python -m launch.cli eval "$here/configs/gpu-1xh100.yaml" --solutions "$run/solutions" --tasks "${folders[@]}" --out "$run/eval" \
   eval.max_autotune=false cluster.num_env_workers=$gpus "$@"
 python "$here/scripts/compare_baselines.py" "$run/eval" --out "$run" --timing "$kb/results/timing/H100_Modal"

@@ -11,7 +11,7 @@ from actors.system import start_env_workers
 from actors.topology import TopologyError, check_fits, plan_resources, reserve, start_cluster
 from configs.load import load_config
 from configs.schema import ClusterConfig
-from env_pool.pool import cpu_share
+from env_pool.evaluate import cpu_share
 
 
 def config(*overrides: str, files: tuple[str, ...] = ()):
