@@ -14,6 +14,7 @@ from tasks.task import Task
 
 
 CHUNK = 1 << 26  # elements compared at once: a 6 GiB output's difference and allowance made whole took 13 GiB more of the device
+HELD_ON_DEVICE = 1 << 30  # bytes of a device output Variation keeps where it is; a larger one it keeps in host memory
 
 
 def check_outputs(index: int, task: Task, expected: list[torch.Tensor], got: list[torch.Tensor]) -> InputCheck:
@@ -72,6 +73,22 @@ def _outside(e: torch.Tensor, g: torch.Tensor, atol: float, rtol: float) -> tupl
     return close.numel() - int(close.sum()), worst
 
 
+def _held(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``t`` as Variation keeps it: a large device tensor copied to the host, others as they are (or cloned)."""
+    if t.device.type != "cpu" and t.numel() * t.element_size() > HELD_ON_DEVICE:
+        return t.to("cpu")
+    return t.clone() if copy else t
+
+
+def _equal(held: torch.Tensor, t: torch.Tensor) -> bool:
+    """torch.equal of a held tensor and a new one, wherever each lives; a host copy goes to the device in pieces."""
+    if held.device == t.device:
+        return torch.equal(held, t)
+    if held.shape != t.shape or held.dtype != t.dtype:
+        return False
+    return all(torch.equal(h.to(t.device), part) for h, part in _pieces(held, t))
+
+
 def _comparable(t: torch.Tensor) -> torch.Tensor:
     """``t`` in a dtype to subtract in: float32 and float64 as they are (as torch.allclose compares
     them; a float64 copy of both cost a cpp full evaluation a third of its checking), half
@@ -86,7 +103,9 @@ class Variation:
 
     Only the first set is held, and each later one compared with it as it comes (not every set
     kept: a KernelBench level-1 output is 6 GiB on the device, and five kept sets of the
-    candidate's and the reference's ran the harness out of an H100's memory).
+    candidate's and the reference's ran the harness out of an H100's memory). A large first set
+    waits in host memory: the candidate's and the reference's 8 GiB outputs of level 1's
+    L1Norm_, held on the device beside the next round's, ran the H100 short again.
     """
 
     def __init__(self) -> None:
@@ -96,8 +115,8 @@ class Variation:
     def add(self, outputs: list[torch.Tensor], copy: bool = False) -> None:
         """One set's outputs; ``copy`` where the caller reuses their memory for the next set."""
         if self.first is None:
-            self.first = [o.clone() for o in outputs] if copy else list(outputs)
+            self.first = [_held(o, copy) for o in outputs]
         elif not self.varies:
-            self.varies = not all(torch.equal(a, b) for a, b in zip(self.first, outputs))
+            self.varies = not all(_equal(a, b) for a, b in zip(self.first, outputs))
             if self.varies:
                 self.first = []  # decided: the memory goes back

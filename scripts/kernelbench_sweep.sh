@@ -19,10 +19,23 @@ export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # Every problem's torch.compile baseline compiled first, side by side on the host's CPUs, into the
 # worker's own inductor cache (env.work_dir/reference): nothing is timed yet, and each trusted
 # server then loads its compile instead of compiling with the timing lane held (5-60 s a problem).
+# Only the problems a resumed sweep has still to judge: on a fresh machine, compiling all of level 1 again took minutes.
 work=~/.cache/cuda-agent/env
 for kv in "$@"; do case $kv in env.work_dir=*) work=${kv#env.work_dir=};; esac; done
-python "$here/scripts/kernelbench_baselines.py" --out "${work/#\~/$HOME}/reference" --stage compile --tasks "${folders[@]}" | tail -1 \
-  || echo "the compile ahead failed: each baselines server compiles its own"
+mapfile -t ahead < <(python - "$run/eval/results.jsonl" "${folders[@]}" <<'PY'
+import json, sys
+from pathlib import Path
+results = Path(sys.argv[1])
+records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.exists() else []
+done = {r["task_id"] for r in records if r["failure"] != "infra"}  # as the sweep decides what to run again
+for path in map(Path, sys.argv[2:]):
+    for problem in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+        if problem.stem not in done:
+            print(problem)
+PY
+)
+[ ${#ahead[@]} -eq 0 ] || python "$here/scripts/kernelbench_baselines.py" --out "${work/#\~/$HOME}/reference" --stage compile \
+  --tasks "${ahead[@]}" | tail -1 || echo "the compile ahead failed: each baselines server compiles its own"
 # One env worker (one timing lane) per GPU, each on its own share of the CPUs (cluster.num_env_workers= overrides).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true); gpus=$(( gpus > 0 ? gpus : 1 ))
 python -m launch.cli eval "$here/configs/gpu-1xh100.yaml" --solutions "$run/solutions" --tasks "${folders[@]}" --out "$run/eval" \

@@ -159,6 +159,25 @@ def test_a_variation_copies_the_first_set_where_its_memory_is_reused():
     assert not aliased.varies  # what copy=True is for
 
 
+@pytest.mark.gpu
+def test_a_large_first_set_waits_in_host_memory_and_is_compared_in_pieces(monkeypatch):
+    monkeypatch.setattr(verify, "HELD_ON_DEVICE", 1024)
+    monkeypatch.setattr(verify, "CHUNK", 1000)
+    out = torch.arange(5000.0, device="cuda")
+    held = Variation()
+    held.add([out], copy=True)
+    assert held.first[0].device.type == "cpu"
+    held.add([out.clone()])
+    assert not held.varies
+    last = out.clone()
+    last[4999] += 1.0  # in the last piece only
+    held.add([last])
+    assert held.varies
+    small = Variation()
+    small.add([torch.zeros(10, device="cuda")])
+    assert small.first[0].is_cuda  # under the limit: kept where it is
+
+
 @pytest.mark.parametrize("cpus, threads, plan", [
     (list(range(16)), 4, ([0, 1, 2, 3], [4, 5], list(range(6, 16)))),  # the H100 host: the harness keeps two CPUs to itself
     ([0, 1], 1, ([0], [1], [1])),  # this 2-core machine: the harness and the builds share what is left
