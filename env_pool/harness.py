@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import torch
@@ -151,9 +151,10 @@ class Rounds:
         inputs = self.fresh_inputs()
         return [inputs] * count
 
-    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | None] | int, check: bool,
+    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
                   sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None) -> PhaseRun:
-        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh), or a count of fresh ones.
+        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh; a function: the
+        set it makes, made when its round comes), or a count of fresh ones.
 
         With a ``sampler``, the servers' CPUs are sampled from GO to DONE of every round (every
         server's, so all pay the same); with ``sampling`` too, each round's samples are
@@ -162,7 +163,7 @@ class Rounds:
         run = PhaseRun(code=sampling.ledger if sampling is not None else None)
         todo = rounds if isinstance(rounds, list) else [None] * rounds
         for given in todo:
-            inputs = given if given is not None else self.fresh_inputs()
+            inputs = given() if callable(given) else given if given is not None else self.fresh_inputs()
             nonce = self._prepare(inputs)
             start = time.perf_counter_ns()
             self._write_inputs(inputs)  # inside the window: no round's inputs exist before its clock runs
@@ -532,7 +533,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     checked = int(payload["correctness_inputs"])
     # Every round is checked (and watched by the server's fallback detector). Extreme sets
     # (adversarial_inputs) come after the first `checked`; timing reads only the last `reps` rounds.
-    extreme = adversarial(rounds.fresh_inputs(), secrets.randbits(62)) if payload.get("adversarial") else []
+    extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if payload.get("adversarial") else []
     candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
     # The null phase comes first in every mode: its rounds time the protocol (full mode) and show
     # the code sampler what serving the outputs costs in torch before the candidate's code loads.

@@ -159,6 +159,21 @@ def test_a_variation_copies_the_first_set_where_its_memory_is_reused():
     assert not aliased.varies  # what copy=True is for
 
 
+def test_adversarial_sets_are_made_when_their_round_asks_and_leave_the_inputs_alone():
+    from env_pool.inputs import adversarial
+
+    shared = torch.linspace(-1.0, 1.0, 10_000)  # a get_inputs that hands out one tensor every call
+    made = []
+    sets = adversarial(lambda: made.append(1) or [shared, 3], seed=5)
+    assert made == []  # nothing held before the rounds
+    large, tiny, kinks = (make() for make in sets)
+    assert len(made) == 3 and large[1] == 3
+    assert torch.equal(large[0], shared * 1e3) and torch.equal(tiny[0], shared * 1e-3)
+    zeros = kinks[0] == 0
+    assert 0.1 < zeros.float().mean() < 0.3 and torch.signbit(kinks[0][zeros]).any()  # signed zeros, both signs
+    assert torch.equal(shared, torch.linspace(-1.0, 1.0, 10_000))
+
+
 @pytest.mark.gpu
 def test_a_large_first_set_waits_in_host_memory_and_is_compared_in_pieces(monkeypatch):
     monkeypatch.setattr(verify, "HELD_ON_DEVICE", 1024)
