@@ -1,6 +1,7 @@
 """Our baselines against KernelBench's published ones: a ratio per problem, a summary per level.
 
     python scripts/compare_baselines.py RUN_DIR [RUN_DIR ...] --out DIR [--timing ../shared/kernelbench/results/timing/H100_Modal]
+                                        [--tasks LEVEL_FOLDER ...]
 
 Each RUN_DIR is a ``cuda-agent eval`` output (results.jsonl: eager_ms and compiled_ms per problem,
 as the environment measured them) or a scripts/kernelbench_baselines.py output (baselines-gpu*.jsonl). KernelBench times each reference with CUDA events around
@@ -13,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's packages (add_facts)
 
 FILES = {"eager": "baseline_time_torch.json", "compile": "baseline_time_torch_compile_inductor_default.json"}
 CLOSE = (0.8, 1.25)  # a ratio in this band counts as agreeing
@@ -51,6 +55,17 @@ def load_ours(runs: list[Path]) -> dict[str, dict]:
                         "eager": r["eager_ms"], "compile": r.get("compiled_ms") or 0.0,
                         **{k: r[k] for k in ("train_mode_modules", "convolutions", "input_mb") if k in r}}
     return ours
+
+
+def add_facts(ours: dict[str, dict], paths: list[Path]) -> None:
+    """Each problem's facts (scripts/kernelbench_baselines.py facts), read from its source where its record lacks them."""
+    from scripts.kernelbench_baselines import facts
+    from tasks.loader import load_tasks
+
+    for task in load_tasks([str(p) for p in paths])[0]:
+        mine = ours.get(f"level{task.level}/{task.id.rsplit('/', 1)[-1]}")
+        if mine is not None and "convolutions" not in mine:
+            mine.update(facts(task, "cuda"))
 
 
 def compare(ours: dict[str, dict[str, float]], published: dict[str, dict[str, float]]) -> list[dict]:
@@ -145,11 +160,16 @@ def markdown(rows: list[dict], levels: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--tasks", type=Path, nargs="*", default=[],
+                        help="the problems' folders: what explains a ratio (a sweep's results do not record it)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timing", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
                         / "results" / "timing" / "H100_Modal")
     args = parser.parse_args(argv)
-    rows = compare(load_ours(args.runs), load_published(args.timing))
+    ours = load_ours(args.runs)
+    if args.tasks:
+        add_facts(ours, args.tasks)
+    rows = compare(ours, load_published(args.timing))
     levels = summary(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "baselines.json").write_text(json.dumps({"levels": levels, "problems": rows}, indent=1))

@@ -70,7 +70,7 @@ sweep-report)
     cp "$dir/eval/results.jsonl" "$OUT/${part}_results.jsonl"; cp "$dir/eval/report.md" "$OUT/${part}_report.md"
     cp "$dir/eval/report.html" "$OUT/${part}_report.html"
   done
-  python3 scripts/compare_baselines.py "$RUN"/*/eval --out "$RUN" --timing "$KB/results/timing/H100_Modal" | tail -3
+  python3 scripts/compare_baselines.py "$RUN"/*/eval --out "$RUN" --timing "$KB/results/timing/H100_Modal" --tasks $(cat "$RUN"/*/tasks.txt) | tail -3
   cp "$RUN/baselines.md" "$RUN/sweep.log" "$OUT/"
   grep -B2 -A4 "^| level" "$RUN/baselines.md" | head -12; grep -A16 "^## Results" "$RUN"/*/eval/report.md
   ;;

@@ -40,4 +40,4 @@ PY
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true); gpus=$(( gpus > 0 ? gpus : 1 ))
 python -m launch.cli eval "$here/configs/gpu-1xh100.yaml" --solutions "$run/solutions" --tasks "${folders[@]}" --out "$run/eval" \
   eval.max_autotune=false cluster.num_env_workers=$gpus "$@"
-python "$here/scripts/compare_baselines.py" "$run/eval" --out "$run" --timing "$kb/results/timing/H100_Modal"
+python "$here/scripts/compare_baselines.py" "$run/eval" --out "$run" --timing "$kb/results/timing/H100_Modal" --tasks "${folders[@]}"

@@ -83,3 +83,23 @@ def test_compiles_ahead_split_by_their_inputs_footprint_and_an_unreadable_size_c
     assert [t.id for t in small] == ["level1/small"]
     assert [t.id for t in large] == ["level1/large", "level1/unreadable"]
     assert split_by_footprint(tasks[:2], "cuda", share_mb=float("inf"))[1] == []
+
+
+def test_a_sweeps_results_get_their_facts_from_the_problems_sources(tmp_path: Path):
+    """A sweep's results.jsonl records no facts: --tasks reads them from the problems, so a convolution's ratio is explained."""
+    folder = tmp_path / "level1"
+    folder.mkdir()
+    (folder / "50_conv.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n"
+        "    def forward(self, x):\n        return self.conv(x)\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 3, 32, 32)]\n\ndef get_init_inputs():\n    return []\n")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text(json.dumps({"task_id": "50_conv", "level": 1, "eager_ms": 6.0, "compiled_ms": 6.0}) + "\n")
+    timing = write_published(tmp_path / "kb")
+    for extra, cause in (([], "not explained"), (["--tasks", str(folder)], "likely TF32 (Conv2d")):
+        out = tmp_path / f"out{len(extra)}"
+        compare_baselines.main([str(sweep), "--out", str(out), "--timing", str(timing), *extra])
+        [row] = json.loads((out / "baselines.json").read_text())["problems"]
+        assert row["likely_cause"].startswith(cause), row
