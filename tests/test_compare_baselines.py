@@ -103,3 +103,10 @@ def test_a_sweeps_results_get_their_facts_from_the_problems_sources(tmp_path: Pa
         compare_baselines.main([str(sweep), "--out", str(out), "--timing", str(timing), *extra])
         [row] = json.loads((out / "baselines.json").read_text())["problems"]
         assert row["likely_cause"].startswith(cause), row
+
+
+def test_only_the_compiled_time_differing_points_at_inductors_version():
+    ours = {"level1/89_cumsum": {"eager": 4.76, "compile": 3.29, "input_mb": 512.0, "convolutions": [], "train_mode_modules": []}}
+    published = {"eager": {"level1/89_cumsum": 4.68}, "compile": {"level1/89_cumsum": 4.7}}
+    [row] = compare_baselines.compare(ours, published)
+    assert row["likely_cause"].startswith("likely torch.compile's version: eager agrees"), row
