@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.eval import AUDIT, AUTOTUNE, RESULTS, latest_records, read_jsonl
+from tasks.loader import numbered
 
 # The CUDA Agent paper's KernelBench results against torch.compile (as issue 14 quotes them).
 PAPER = {"pass": {"overall": 0.988}, "faster_compile": {"overall": 0.968, "level 1": 0.97, "level 2": 1.00, "level 3": 0.90},
@@ -121,7 +122,7 @@ def problem_rows(records: list[dict[str, Any]], audit_of: dict[str, dict[str, An
     for r in records:
         by_task.setdefault(r["task_id"], []).append(r)
     rows = []
-    for task_id in sorted(by_task, key=lambda t: (by_task[t][0]["level"], t)):
+    for task_id in sorted(by_task, key=lambda t: (by_task[t][0]["level"], *numbered(t))):
         rs = by_task[task_id]
         best = max(rs, key=lambda r: (r["milestone"], r.get("speedup_compile") or 0.0))
         audit = audit_of.get(best.get("solution_hash"))

@@ -17,7 +17,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's packages (add_facts)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's packages
+
+from tasks.loader import numbered  # noqa: E402
 
 FILES = {"eager": "baseline_time_torch.json", "compile": "baseline_time_torch_compile_inductor_default.json"}
 CLOSE = (0.8, 1.25)  # a ratio in this band counts as agreeing
@@ -116,9 +118,8 @@ def likely_cause(row: dict, mine: dict) -> str:
     return "not explained by the known causes"
 
 
-def _order(task_id: str) -> tuple[str, int]:
-    level, name = task_id.split("/", 1)
-    return level, int(name.split("_", 1)[0]) if name[0].isdigit() else 0
+def _order(task_id: str) -> tuple[str, float, str]:
+    return (task_id.split("/", 1)[0], *numbered(task_id))
 
 
 def summary(rows: list[dict]) -> list[dict]:

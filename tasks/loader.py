@@ -25,6 +25,12 @@ def starter_dir() -> Path:
     return Path(str(resources.files(STARTER_PACKAGE)))
 
 
+def numbered(task_id: str) -> tuple[float, str]:
+    """A key that orders problems by KernelBench's number (2_ before 10_, then by name); unnumbered ones last."""
+    number = task_id.rsplit("/", 1)[-1].partition("_")[0]
+    return (int(number) if number.isdigit() else float("inf"), task_id)
+
+
 def load_tasks(paths: Iterable[str | Path] = ()) -> tuple[list[Task], list[LoadFailure]]:
     """Load every problem under ``paths`` (files or folders, searched recursively).
 

@@ -54,3 +54,10 @@ def test_best_solution_is_the_highest_milestone_then_the_fastest():
     assert (row["best_milestone"], row["speedup_compile"], row["passed"], row["samples"]) == (3, 1.6, 3, 3)
     assert summarize(records, [], [], [1, 2, 5], False)["groups"]["overall"]["pass_at_k"] == {1: 1.0, 2: 1.0}
     assert not math.isnan(summarize(records, [], [], [1], False)["groups"]["overall"]["geomean_compile_all"])
+
+
+def test_problems_are_listed_by_level_then_kernelbench_number():
+    records = [record(t, level, 1, 1.0) for t, level in
+               (("100_HingeLoss", 1), ("10_3D", 1), ("2_Standard", 1), ("notes", 1), ("1_Conv", 2), ("19_ReLU", 1))]
+    rows = summarize(records, [], [], [1], False)["problems"]
+    assert [r["task_id"] for r in rows] == ["2_Standard", "10_3D", "19_ReLU", "100_HingeLoss", "notes", "1_Conv"]
