@@ -27,8 +27,8 @@ from env_pool.evaluate import EvalContext, cpu_share, evaluate
 from env_pool.ncu import ncu_summary
 from env_pool.reference_profile import ReferenceProfiles
 from env_pool.results import EvalResult
-from env_pool.sandbox_watchdog import move_threads
 from env_pool.reward import apply_reward
+from env_pool.sandbox_watchdog import move_threads
 from tasks.task import Task
 
 log = logging.getLogger("cuda_agent.env")
