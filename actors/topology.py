@@ -349,16 +349,20 @@ class Reservation:
         """Per slot index: (its rank, how many of ``slots`` there are) among those placed on its node."""
         from ray.util.placement_group import placement_group_table
 
-        node_of = placement_group_table(self.group).get("bundles_to_node_id") or {}
-        on_node: dict[Any, list[int]] = {}
-        for slot in slots:
-            on_node.setdefault(node_of.get(slot.bundles[0]), []).append(slot.index)
-        return {index: (rank, len(indices)) for indices in on_node.values() for rank, index in enumerate(indices)}
+        return ranks_on_nodes(slots, placement_group_table(self.group).get("bundles_to_node_id") or {})
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
         remove_placement_group(self.group)
+
+
+def ranks_on_nodes(slots: list[Slot], node_of: Mapping[int, str]) -> dict[int, tuple[int, int]]:
+    """Per slot index: (its rank, how many of ``slots`` there are) among those whose first bundle is on its node."""
+    on_node: dict[str | None, list[int]] = {}
+    for slot in slots:
+        on_node.setdefault(node_of.get(slot.bundles[0]), []).append(slot.index)
+    return {index: (rank, len(indices)) for indices in on_node.values() for rank, index in enumerate(indices)}
 
 
 def alive_nodes() -> tuple[list[dict[str, float]], list[dict[str, str]]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actors.system import start_env_workers
-from actors.topology import TopologyError, check_fits, plan_resources, reserve, start_cluster
+from actors.topology import TopologyError, check_fits, plan_resources, ranks_on_nodes, reserve, start_cluster
 from configs.load import load_config
 from configs.schema import ClusterConfig
 from env_pool.evaluate import cpu_share
@@ -59,6 +59,12 @@ def test_env_workers_of_a_node_split_its_cpus_into_disjoint_shares_that_cover_th
     shares = [cpu_share(cpus, rank, count) for rank in range(count)]
     assert sorted(c for share in shares for c in share) == cpus
     assert all(len(share) >= len(cpus) // count for share in shares)
+
+
+def test_env_workers_are_ranked_among_those_on_their_own_node():
+    plan = plan_resources(config("cluster.num_env_workers=5", files=("gpu-1xh100",)), learner=False, with_generators=False)
+    node_of = {0: "a", 1: "b", 2: "a", 3: "b", 4: "a"}  # the placement group's bundles_to_node_id, two nodes
+    assert ranks_on_nodes(plan.env_workers, node_of) == {0: (0, 3), 1: (0, 2), 2: (1, 3), 3: (1, 2), 4: (2, 3)}
 
 
 def test_more_env_workers_than_cpus_share_one_cpu_each():
