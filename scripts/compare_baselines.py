@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's packages
 
-from tasks.loader import numbered  # noqa: E402
+from tasks.loader import load_tasks, numbered  # noqa: E402
 
 FILES = {"eager": "baseline_time_torch.json", "compile": "baseline_time_torch_compile_inductor_default.json"}
 CLOSE = (0.8, 1.25)  # a ratio in this band counts as agreeing
@@ -39,6 +39,11 @@ def load_published(timing: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def problem_key(level: int, task_id: str) -> str:
+    """A problem as KernelBench's files key it ("level1/19_ReLU"), whatever folder the sweep was given."""
+    return f"level{level}/{task_id.rsplit('/', 1)[-1]}"
+
+
 def load_ours(runs: list[Path]) -> dict[str, dict]:
     """task id -> {"eager": ms, "compile": ms, facts...}, the last record of each task with a baseline.
 
@@ -52,8 +57,8 @@ def load_ours(runs: list[Path]) -> dict[str, dict]:
                     r = json.loads(line)
                 except json.JSONDecodeError:  # a torn last line (a killed run)
                     continue
-                if r.get("eager_ms"):  # keyed as KernelBench's files are, whatever folder the sweep was given
-                    ours[f"level{r['level']}/{r['task_id'].rsplit('/', 1)[-1]}"] = {
+                if r.get("eager_ms"):
+                    ours[problem_key(r["level"], r["task_id"])] = {
                         "eager": r["eager_ms"], "compile": r.get("compiled_ms") or 0.0,
                         **{k: r[k] for k in ("train_mode_modules", "convolutions", "input_mb") if k in r}}
     return ours
@@ -62,10 +67,9 @@ def load_ours(runs: list[Path]) -> dict[str, dict]:
 def add_facts(ours: dict[str, dict], paths: list[Path]) -> None:
     """Each problem's facts (scripts/kernelbench_baselines.py facts), read from its source where its record lacks them."""
     from scripts.kernelbench_baselines import facts
-    from tasks.loader import load_tasks
 
     for task in load_tasks([str(p) for p in paths])[0]:
-        mine = ours.get(f"level{task.level}/{task.id.rsplit('/', 1)[-1]}")
+        mine = ours.get(problem_key(task.level, task.id))
         if mine is not None and "convolutions" not in mine:
             mine.update(facts(task, "cuda"))
 

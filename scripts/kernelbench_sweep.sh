@@ -23,11 +23,10 @@ export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 work=~/.cache/cuda-agent/env
 for kv in "$@"; do case $kv in env.work_dir=*) work=${kv#env.work_dir=};; esac; done
 mapfile -t ahead < <(python - "$run/eval/results.jsonl" "${folders[@]}" <<'PY'
-import json, sys
+import sys
 from pathlib import Path
-results = Path(sys.argv[1])
-records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.exists() else []
-done = {r["task_id"] for r in records if r["failure"] != "infra"}  # as the sweep decides what to run again
+from launch.eval import read_jsonl
+done = {r["task_id"] for r in read_jsonl(Path(sys.argv[1])) if r["failure"] != "infra"}  # as the sweep decides what to run again
 for path in map(Path, sys.argv[2:]):
     for problem in sorted(path.glob("*.py")) if path.is_dir() else [path]:
         if problem.stem not in done:
