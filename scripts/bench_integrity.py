@@ -39,6 +39,9 @@ from tasks.task import build_problem  # noqa: E402
 from tests.corpus_cases import files_of, load_cases, meets, verdicts  # noqa: E402
 
 
+CORPUS_SETTINGS = {"repetitions": 5, "warmup": 1, "run_timeout_s": 60.0, "compile_timeout_s": 300.0, "memory_limit_mb": 16384}
+
+
 def context(work: Path, **overrides) -> EvalContext:
     cfg = EnvConfig(**{"work_dir": str(work), **overrides})
     cfg.backend = "cuda"
@@ -46,14 +49,15 @@ def context(work: Path, **overrides) -> EvalContext:
 
 
 def run_corpus(work: Path, tasks: dict, only: list[str]) -> list[dict]:
-    ctx = context(work / "corpus", repetitions=5, warmup=1, run_timeout_s=60.0, compile_timeout_s=300.0, memory_limit_mb=16384)
+    ctx = context(work / "corpus", **CORPUS_SETTINGS)
     rows = []
     for kind in ("legit", "hacks"):
         for folder, case in load_cases(kind):
             if case["backend"] != "cuda" or (only and folder.name not in only):
                 continue
             begin = time.perf_counter()
-            result = asyncio.run(evaluate(ctx, tasks[case["task"]], files_of(folder), case.get("mode", "verify")))
+            own = context(work / "corpus", **{**CORPUS_SETTINGS, **case["settings"]}) if case.get("settings") else ctx
+            result = asyncio.run(evaluate(own, tasks[case["task"]], files_of(folder), case.get("mode", "verify")))
             ok = any(meets(result, v) for v in verdicts(case))
             rows.append({"case": f"{kind}/{folder.name}", "expect": case["expect"], "hard": bool(case.get("hard")),
                          "failure": result.failure, "milestone": int(result.milestone),

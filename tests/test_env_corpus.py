@@ -9,6 +9,7 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -31,7 +32,7 @@ def cases(kind: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def pools(tmp_path_factory) -> dict[str, EnvPool]:
+def pools(tmp_path_factory) -> Callable[[dict], EnvPool]:
     work = tmp_path_factory.mktemp("env")
     # Few repetitions: these tests prove verdicts, not speed. Short limits keep hangs cheap.
     # No precompiled header: its background build (minutes of a core) would disturb the timed cases
@@ -42,7 +43,17 @@ def pools(tmp_path_factory) -> dict[str, EnvPool]:
     # median, and one CI run refused all three tries as infra; with 3 and 9, 1 of 4 (so 4 tries).
     settings = {"work_dir": str(work), "repetitions": 9, "warmup": 3, "infra_retries": 3, "run_timeout_s": 30.0,
                 "memory_limit_mb": 4096, "compile_timeout_s": 120.0, "pch_dir": ""}
-    return {backend: EnvPool({**settings, "backend": backend}) for backend in ("cpp", "cuda")}
+    made: dict[str, EnvPool] = {}
+
+    def pool_for(case: dict) -> EnvPool:
+        """A pool for the case's backend and its own env settings (case.json "settings"), made once."""
+        extra = {**case.get("settings", {}), "backend": case["backend"]}
+        key = json.dumps(extra, sort_keys=True)
+        if key not in made:
+            made[key] = EnvPool({**settings, **extra})
+        return made[key]
+
+    return pool_for
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +63,7 @@ def tasks() -> dict:
 
 
 def evaluate(pools, tasks, folder: Path, case: dict, mode: str):
-    return asyncio.run(pools[case["backend"]].evaluate(tasks[case["task"]], files_of(folder), mode))
+    return asyncio.run(pools(case).evaluate(tasks[case["task"]], files_of(folder), mode))
 
 
 # Verification mode proves every verdict except speed; the timed path has its own tests below,
