@@ -394,8 +394,12 @@ def _engine_env(*, on_cpu: bool, eager: bool, flashinfer_sampler: bool) -> Itera
     CPUs), the engine takes that many threads, unpinned. vLLM's own "auto" binding ignores it:
     it pins every engine on a node to the same cores and holds one core back for its scheduler,
     so a generator granted two CPUs would decode on one, and two generators would share it.
+
+    The engine's process is spawned, never forked, as vLLM itself does in a Ray actor: a fork of
+    a process with threads inherits their locks held. On the H100 a second engine made in one
+    process (after an episode's) hung in its start-up until killed.
     """
-    wanted = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+    wanted = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     if on_cpu and eager:
         wanted["TORCHDYNAMO_DISABLE"] = "1"
     if on_cpu and os.environ.get("OMP_NUM_THREADS"):

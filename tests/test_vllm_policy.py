@@ -96,6 +96,26 @@ async def test_vllm_policy_refuses_a_context_longer_than_the_engine_allows(vllm_
         await vllm_policy.generate(generation_request([5] * 512))
 
 
+def test_vllm_engine_starts_spawned_and_the_environment_is_restored_after(monkeypatch):
+    # A fork of a multi-threaded process inherits its threads' locks held: on the H100 a second
+    # engine forked in one process, after an episode's, hung at start-up. vLLM spawns in a Ray
+    # actor or once CUDA is up; elsewhere it forks unless told (VLLM_WORKER_MULTIPROC_METHOD).
+    # (A spawned engine cannot be told from a forked one from outside: vLLM retitles its
+    # processes over their argv and environment.)
+    import os
+
+    from rollout.vllm_policy import _engine_env
+
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    for on_cpu in (True, False):
+        with _engine_env(on_cpu=on_cpu, eager=True, flashinfer_sampler=False):
+            assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+        assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # a user's own choice stands
+    with _engine_env(on_cpu=True, eager=True, flashinfer_sampler=False):
+        assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
 @on_engine_loop
 async def test_vllm_weight_swap_changes_outputs_bumps_the_version_and_swapping_back_restores_them(
         vllm_policy, tokenizer, hf_model, capsys):
