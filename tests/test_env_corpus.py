@@ -25,8 +25,8 @@ def cases(kind: str) -> list:
     for folder, case in load_cases(kind):
         marks = [pytest.mark.slow] if case.get("slow") else []
         marks += [pytest.mark.gpu] if case["backend"] == "cuda" else []
-        if case.get("hard"):
-            marks.append(pytest.mark.xfail(strict=True, reason=f"known gap: {case['why']}"))
+        if case.get("hard"):  # "sometimes": a gap the environment closes only by chance, so either verdict is expected
+            marks.append(pytest.mark.xfail(strict=case["hard"] != "sometimes", reason=f"known gap: {case['why']}"))
         params.append(pytest.param(folder, case, id=folder.name, marks=marks))
     return params
 
@@ -41,8 +41,11 @@ def pools(tmp_path_factory) -> Callable[[dict], EnvPool]:
     # memory-bound reference's rounds come in slow bursts (03_softmax: 9-19 ms rounds among 4 ms
     # ones). With 1 warm-up and 5 timed rounds, 2 of 6 of its baselines had an IQR above twice the
     # median, and one CI run refused all three tries as infra; with 3 and 9, 1 of 4 (so 4 tries).
+    # The memory limit is the product's (env.memory_limit_mb): a load_inline build without the
+    # precompiled header (a .cpp and a .cu, each parsing torch's headers) took more than 4 GiB of
+    # the import step's tree on the H100, so a tighter limit here refused legitimate kernels.
     settings = {"work_dir": str(work), "repetitions": 9, "warmup": 3, "infra_retries": 3, "run_timeout_s": 30.0,
-                "memory_limit_mb": 4096, "compile_timeout_s": 120.0, "pch_dir": ""}
+                "compile_timeout_s": 120.0, "pch_dir": ""}
     made: dict[str, EnvPool] = {}
 
     def pool_for(case: dict) -> EnvPool:
