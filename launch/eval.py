@@ -435,7 +435,10 @@ async def _score_solutions(sweep: Sweep, env: RayEnvClient, todo: list[tuple[Tas
             "episode_id": episode_id(task, sample), "task_id": task.id, "level": task.level, "sample": sample,
             **eval_fields(result.to_dict()),
             "stop_reason": "solution", "error": "", "turns": 0, "generated_tokens": 0, "context_tokens": 0,
-            "invalid_calls": 0, "token_level": False, "wall_s": round(time.monotonic() - started, 2),
+            "invalid_calls": 0, "token_level": False,
+            # Every problem is submitted at once: the evaluation's own time on its worker (with
+            # its waits for the worker's timing lane), and apart, submission to verdict (queue, retries).
+            "wall_s": round(result.wall_s, 2), "elapsed_s": round(time.monotonic() - started, 2),
             "solution": save_solution(sweep.out, task.id, sample, files), "solution_hash": solution_hash(files),
         })
 

@@ -177,6 +177,8 @@ def test_solutions_are_scored_without_a_policy_in_kernelbench_layouts(tmp_path):
     assert set(records) == {"01_gelu", "02_swish"}, "05_logsumexp has no solution and is not scored"
     assert records["01_gelu"]["milestone"] >= 1, records["01_gelu"]["message"]
     assert records["02_swish"]["failure"] == "guard", "a plain torch ModelNew computes with torch: the fallback guard"
+    # both submitted at once to one worker: each record's own evaluation time, apart from its wait
+    assert all(0 < r["wall_s"] <= r["elapsed_s"] for r in records.values()), records
     assert json.loads((out / "sweep.json").read_text())["policy"] == f"solutions:{sol.resolve()}"
     # --report-only runs nothing and writes the report of what the folder holds (a stopped sweep's)
     (out / "report.md").unlink()
