@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.corpus_cases import files_of
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "env_corpus"
 NAIVE_SOFTMAX = CORPUS / "hacks" / "softmax_overflow_on_large_inputs"
@@ -39,8 +41,8 @@ def call(name: str, **arguments) -> str:
 
 def write_and_submit(folder: Path) -> list[str]:
     """An agent that writes a solution folder's files and submits."""
-    turns = [call("write_file", path=p.name, content=p.read_text()) for p in sorted(folder.iterdir())
-             if p.name in ("model_new.py", "kernel.cpp")]
+    turns = [call("write_file", path=name, content=text) for name, text in sorted(files_of(folder).items())
+             if name in ("model_new.py", "kernel.cpp")]
     return turns + [call("submit")]
 
 
