@@ -437,11 +437,12 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
         return _set_failure(result, "guard", "rejected: " + "; ".join(f"[{v.guard}] {v.reason}" for v in result.violations))
     if not verdict.get("ok") or not result.checks:
         return _set_failure(result, "infra", "the harness returned no verdict")
+    result.message = str(verdict.get("verification_note", ""))  # a task whose sets cannot tell a trivial kernel apart
     if timed:
         if base is None:
             return _set_failure(result, "infra", "no baseline timing for this task")
         if "candidate" not in verdict:  # correct, but too fast for the protocol to time: no speed milestone
-            result.message = str(verdict.get("timing_note", "the candidate's time could not be resolved"))
+            result.message = " ".join(filter(None, [result.message, str(verdict.get("timing_note", "the candidate's time could not be resolved"))]))
             return
         result.candidate = Timing(**verdict["candidate"])
 

@@ -48,7 +48,7 @@ import msgpack
 import torch
 
 from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
-from env_pool.inputs import adversarial, make_model
+from env_pool.inputs import ADVERSARIAL, adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
 from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
@@ -56,6 +56,7 @@ from env_pool.sandbox import SandboxError, SandboxOutcome
 from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import Variation, check_outputs
+from tasks.discriminate import Discrimination, plan, transform_inputs
 from tasks.task import Task, build_problem
 
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
@@ -118,6 +119,7 @@ class Rounds:
         # timed window would add page faults (CPU) or allocator work to every round.
         self.snapshots = [torch.empty_like(o) for o in self.out_views]
         self.flusher = CacheFlusher(self.device)
+        self._discrimination: Discrimination | None = None
 
     def device_bytes(self) -> int:
         """What this task keeps on its device between evaluations: slots, snapshots, the reference, the flush buffer."""
@@ -142,6 +144,21 @@ class Rounds:
             values = self.problem.get_inputs()
         return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
 
+    def discrimination(self) -> Discrimination:
+        """The transformed sets this task's verification needs (tasks/discriminate.py), decided once per task."""
+        if self._discrimination is None:
+            def run(inputs: list[Any]) -> list[torch.Tensor]:
+                with torch.no_grad():
+                    return [o.detach() for o in _as_list(self.reference(*inputs))]
+
+            self._discrimination = plan(run, self.fresh_inputs, lambda dtype: self.task.tolerances(str(dtype).removeprefix("torch.")),
+                                        seed=secrets.randbits(40))
+        return self._discrimination
+
+    def transformed(self, name: str) -> Callable[[], list[Any]]:
+        """A round's set: fresh inputs through a discriminating transform, made when its round comes."""
+        return lambda: transform_inputs(name, self.fresh_inputs(), secrets.randbits(40))
+
     def null_rounds(self, count: int) -> list[list[Any]]:
         """The null phase's rounds: one input set, written into the slots each round as any round's.
 
@@ -152,9 +169,11 @@ class Rounds:
         return [inputs] * count
 
     def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
-                  sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None) -> PhaseRun:
+                  sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None,
+                  labels: list[str] | None = None) -> PhaseRun:
         """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh; a function: the
-        set it makes, made when its round comes), or a count of fresh ones.
+        set it makes, made when its round comes), or a count of fresh ones. ``labels`` name each
+        round's kind of set in its check ("own" where none is given).
 
         With a ``sampler``, the servers' CPUs are sampled from GO to DONE of every round (every
         server's, so all pay the same); with ``sampling`` too, each round's samples are
@@ -188,7 +207,7 @@ class Rounds:
                 raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
             run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
             if check:
-                self._check(run, inputs, self.snapshots)
+                self._check(run, inputs, self.snapshots, labels[len(run.checks)] if labels else "own")
         return run
 
     def _prepare(self, inputs: list[Any]) -> int:
@@ -230,19 +249,21 @@ class Rounds:
                 if sampling is not None:
                     sampling.poll()
 
-    def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor]) -> None:
+    def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor], label: str) -> None:
         # On the device: every round is checked, and a 128 MB output compared in float64 on the
         # host costs seconds a round (40 rounds of a level-1 GPU preset ran past the time limit).
         with torch.no_grad():
             expected = [o.detach() for o in _as_list(self.reference(*inputs))]
         got = snapshot
         check = check_outputs(len(run.checks), self.task, expected, got)
+        check.inputs = label
         run.checks.append(check)
         if len(run.checks) <= VARIATION_ROUNDS:
             run.outputs.add(got, copy=True)  # the snapshots are the next round's too
             run.expected.add(expected)
         if not check.passed:
-            raise RoundsFailed("wrong", f"wrong on round {check.index}: {check.reason}")
+            on = "" if label == "own" else f" (inputs: {label})"
+            raise RoundsFailed("wrong", f"wrong on round {check.index}{on}: {check.reason}")
 
     def wait_ready(self, phase: int, thread: threading.Thread, trusted: bool) -> None:
         """Wait for the server's phase; a failed build is the candidate's in a server that loads its code.
@@ -339,7 +360,10 @@ def open_sampler(payload: dict) -> CpuSampler | None:
                                     "without it (env.code_sampling=false turns it off, for comparisons only)") from err
 
 
-def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[tuple[str, list | int, bool]], cwd: Path,
+Phase = tuple[str, list | int, bool, list[str] | None]  # name, its rounds, checked, each round's kind of set
+
+
+def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: Path,
                  trusted: bool) -> tuple[dict, dict]:
     """Run a server through its phases; (PhaseRun per phase name, the server's report).
 
@@ -351,7 +375,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[tuple[str, lis
     try:
         server = claim_server(rounds, pools, cwd, trusted)
         identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
-        give_run(rounds, server, [name for name, _, _ in phases], trusted)
+        give_run(rounds, server, [phase[0] for phase in phases], trusted)
         return _serve(rounds, pools, server, phases, sampler, identity, trusted)
     finally:
         if sampler is not None:
@@ -364,7 +388,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[tuple[str, lis
         pools.of(trusted).refill(_keep(rounds.payload, trusted))
 
 
-def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tuple[str, list | int, bool]],
+def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phase],
            sampler: CpuSampler | None, identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
     """The phases, each one's rounds with the pool quiet (waiting servers paused for timed rounds).
 
@@ -378,14 +402,14 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     failure: RoundsFailed | None = None
     timed = rounds.payload["mode"] == "full" or trusted
     try:
-        for index, (name, todo, check) in enumerate(phases):
+        for index, (name, todo, check, labels) in enumerate(phases):
             rounds.wait_ready(index, server.thread, trusted)
             count = todo if isinstance(todo, int) else len(todo)
             if sampler is not None:
                 sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
             sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
             with pools.quiet(timed):
-                runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling)
+                runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling, labels)
             if sampler is not None:
                 sampler.record_mappings(False)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
@@ -509,8 +533,9 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     full = payload["mode"] == "full"
     if payload.get("baseline"):
         try:
-            runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False), ("eager", warmup + reps, False),
-                                            ("compiled", warmup + reps, False)], Path(payload["reference_cwd"]), trusted=True)
+            runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None),
+                                                   ("eager", warmup + reps, False, None), ("compiled", warmup + reps, False, None)],
+                                   Path(payload["reference_cwd"]), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
             return result
@@ -531,13 +556,23 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
                                                "not run without it (env.seccomp=false turns it off, for comparisons only)")
         return result
     checked = int(payload["correctness_inputs"])
-    # Every round is checked (and watched by the server's fallback detector). Extreme sets
-    # (adversarial_inputs) come after the first `checked`; timing reads only the last `reps` rounds.
+    # Every round is checked (and watched by the server's fallback detector): the task's own
+    # sets, then the transformed sets it needs to tell a correct kernel from a trivial one
+    # (tasks/discriminate.py), then the extreme sets (adversarial_inputs); timing reads only
+    # the last `reps` rounds.
+    sets = rounds.discrimination()
     extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if payload.get("adversarial") else []
-    candidate_rounds = [None] * checked + extreme + ([None] * (warmup + reps) if full else [])
+    candidate_rounds = ([None] * checked + [rounds.transformed(name) for name in sets.needed] + extreme
+                        + ([None] * (warmup + reps) if full else []))
+    labels = ["own"] * checked + sets.needed + list(ADVERSARIAL[:len(extreme)]) + ["own"] * (warmup + reps if full else 0)
+    result["verification_sets"] = sets.needed
+    if not sets.ok:
+        result["verification_note"] = (f"this task's outputs cannot tell a correct kernel from a trivial one on any set the "
+                                       f"environment makes ({sets.describe()})")
     # The null phase comes first in every mode: its rounds time the protocol (full mode) and show
     # the code sampler what serving the outputs costs in torch before the candidate's code loads.
-    phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False), ("candidate", candidate_rounds, True)]
+    phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False, None),
+              ("candidate", candidate_rounds, True, labels)]
     try:
         runs, report = serve_phases(rounds, pools, phases, Path(payload["scratch"]), trusted=False)
     except RoundsFailed as err:

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from tasks.discriminate import transform_inputs
 from tasks.task import Problem
 
 
@@ -32,8 +33,13 @@ def build_on(device: str, model_cls: type, init_inputs: list) -> torch.nn.Module
         return model_cls(*init_inputs).to(device).eval()
 
 
+ADVERSARIAL = ("large", "tiny", "kinks", "sign_flip", "shift")  # the sets adversarial() makes, in its order
+
+
 def adversarial(make: Callable[[], list[object]], seed: int) -> list[Callable[[], list[object]]]:
-    """Stricter sets than the paper's: extreme magnitudes, signed zeros, values at activation kinks.
+    """Stricter sets than the paper's: extreme magnitudes, signed zeros, values at activation kinks,
+    and sign changes (flipped, shifted to zero mean): a task that draws only positive inputs
+    never shows a kernel that skips its negative branch.
 
     Each set is made when its round asks for it, from fresh inputs (``make``): the three made
     ahead held 18 GiB of an H100 beside the rounds for a level-1 activation, and ran the hack
@@ -41,7 +47,11 @@ def adversarial(make: Callable[[], list[object]], seed: int) -> list[Callable[[]
     def variant(transform: Callable[[torch.Tensor, int], torch.Tensor], k: int) -> Callable[[], list[object]]:
         return lambda: [transform(v, seed + k) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in make()]
 
-    return [variant(transform, k) for k, transform in enumerate((_large, _tiny, _signed_zeros_and_kinks))]
+    def named(name: str, k: int) -> Callable[[], list[object]]:
+        return lambda: transform_inputs(name, make(), seed + k)
+
+    scaled = [variant(transform, k) for k, transform in enumerate((_large, _tiny, _signed_zeros_and_kinks))]
+    return scaled + [named(name, 3 + k) for k, name in enumerate(("sign_flip", "shift"))]
 
 
 def _large(x: torch.Tensor, seed: int) -> torch.Tensor:

@@ -51,6 +51,9 @@ class InputCheck:
     passed: bool
     max_abs_error: float | None = None  # over all outputs; None when shapes or dtypes differ
     reason: str = ""  # why it failed: shape, dtype, NaN, tolerance, ...
+    # Which kind of set: "own" (the task's get_inputs), a discriminating transform the task needs
+    # (tasks/discriminate.py: "shift", "sign_flip", ...), or an adversarial one ("large", ...).
+    inputs: str = "own"
 
 
 @dataclass

@@ -104,13 +104,18 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [asdict(r) for r in results], "failures": [asdict(f) for f in failures]}, indent=2))
     else:
         table = Table(title=f"reference screen: {args.backend}, {torch.get_num_threads()} thread(s)")
-        for col in ("id", "eager ms", "torch.compile", "verdict"):
+        for col in ("id", "eager ms", "torch.compile", "verification sets", "verdict"):
             table.add_column(col)
         for r in results:
             compiled = "-" if r.compile_ok is None else ("ok" if r.compile_ok else "fails")
             verdict = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
-            table.add_row(r.task_id, f"{r.eager_ms:.2f}" if r.eager_ms is not None else "-", compiled, verdict)
+            sets = "own" + "".join(f" + {name}" for name in r.verification_sets)
+            table.add_row(r.task_id, f"{r.eager_ms:.2f}" if r.eager_ms is not None else "-", compiled, sets, verdict)
         console.print(table)
+        extra = [r for r in results if r.verification_sets]
+        if extra:
+            console.print(f"{len(extra)} task(s) need transformed verification sets (a trivial kernel passes their own "
+                          "inputs; the environment adds the sets named): " + ", ".join(r.task_id for r in extra))
         for failure in failures:
             console.print(f"[red]failed to load[/red] {failure.path}: {failure.reason}")
     return 0 if all(r.ok for r in results) and not failures else 1
@@ -367,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = sub.add_parser("tasks", help="KernelBench-format task sets").add_subparsers(dest="action", required=True)
     for name, func, text in (("list", cmd_tasks_list, "table of tasks with levels, entry points and input shapes"),
-                             ("check", cmd_tasks_check, "run each reference: deterministic, input-dependent, runtime window")):
+                             ("check", cmd_tasks_check, "run each reference: deterministic, input-dependent, runtime window, and which verification sets tell a trivial kernel from a correct one")):
         p = tasks.add_parser(name, help=text)
         p.add_argument("paths", nargs="*", help="problem files or folders (default: the shipped starter set)")
         p.add_argument("--backend", choices=["cpp", "cuda"], default="cpp", help="which shape preset (default cpp)")

@@ -1,9 +1,10 @@
 """Screen a task the way the paper filters synthesized tasks: does its reference work as a benchmark?
 
 A usable task runs in eager mode (and under torch.compile when asked), is deterministic,
-produces finite, non-constant outputs that change when the inputs change, and has an eager
-runtime inside a practical window: too fast and timing noise dominates, too slow and
-episodes starve.
+produces finite outputs that change when the inputs change and that no trivial kernel (zeros,
+a constant, an input returned unchanged) matches within tolerance on the verification sets
+(tasks/discriminate.py, the harness's own rule), and has an eager runtime inside a practical
+window: too fast and timing noise dominates, too slow and episodes starve.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tasks.discriminate import plan
 from tasks.task import Task, build_problem
 
 
@@ -22,6 +24,7 @@ class ScreenResult:
     backend: str
     eager_ms: float | None = None  # median eager forward time
     compile_ok: bool | None = None  # None when torch.compile was not tried
+    verification_sets: list[str] = field(default_factory=list)  # transformed sets the harness adds (tasks/discriminate.py)
     problems: list[str] = field(default_factory=list)  # empty when the task is usable
 
     @property
@@ -55,8 +58,12 @@ def screen_task(
     window_ms: tuple[float, float] = (1.0, 100.0),
     repetitions: int = 10,
     try_compile: bool = False,
+    transforms: bool = True,
 ) -> ScreenResult:
-    """Run the reference and report every way it falls short of a usable benchmark."""
+    """Run the reference and report every way it falls short of a usable benchmark.
+
+    ``transforms``: the harness's transformed sets may make the task discriminating (an existing
+    task set, KernelBench's included); False: its own inputs must (a synthesized task)."""
     result = ScreenResult(task.id, backend)
     device = "cuda" if backend == "cuda" else "cpu"
     try:
@@ -71,11 +78,12 @@ def screen_task(
         return result
     if not all(torch.isfinite(o).all() for o in out_a if o.is_floating_point()):
         result.problems.append("output has NaN or Inf")
-    if all(o.numel() <= 1 or bool((o == o.flatten()[0]).all()) for o in out_a):
-        result.problems.append("output is constant")
-    elif all(o.is_floating_point() and bool((o.abs() <= task.tolerances(str(o.dtype).removeprefix("torch."))[0]).all())
-             for o in out_a):
-        result.problems.append("every output is within tolerance of zero: a kernel that returns zeros would pass")
+    sets = plan(lambda inputs: _outputs(model, inputs), lambda: [_to(v, device) for v in problem.get_inputs()],
+                lambda dtype: task.tolerances(str(dtype).removeprefix("torch.")), transforms=transforms)
+    result.verification_sets = sets.needed
+    if not sets.ok:
+        where = "on any set the environment makes" if transforms else "on its own inputs"
+        result.problems.append(f"a trivial kernel passes {where}: " + "; ".join(sets.trivial))
     if not all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_a))):
         result.problems.append("not deterministic: the same inputs gave different outputs")
     if all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_b))):

@@ -75,7 +75,8 @@ def evaluate(pools, tasks, folder: Path, case: dict, mode: str):
 def test_legitimate_kernel_passes(pools, tasks, folder: Path, case: dict):
     result = evaluate(pools, tasks, folder, case, "verify")
     assert result.failure is None, f"{folder.name} was rejected: {result.failure}: {result.message}\n{result.run_log[-2000:]}"
-    assert result.milestone == Milestone.CORRECT and len(result.checks) == 5 and all(c.passed for c in result.checks)
+    own = [c for c in result.checks if c.inputs == "own"]
+    assert result.milestone == Milestone.CORRECT and len(own) == 5 and all(c.passed for c in result.checks)
 
 
 # gelu_omp is slow (129 s on 2 cores: its memory-bound baselines time noisily there and are retried)
@@ -120,7 +121,17 @@ def test_adversarial_inputs_add_extreme_sets_that_a_correct_kernel_passes(tmp_pa
     pool = EnvPool({"work_dir": str(tmp_path), "adversarial_inputs": True, "run_timeout_s": 60.0, "pch_dir": ""})
     result = asyncio.run(pool.evaluate(tasks["level1/01_gelu"], files_of(CORPUS / "legit" / "gelu_omp"), "verify"))
     assert result.failure is None, result.message
-    assert len(result.checks) == 5 + 3 and all(c.passed for c in result.checks)  # large, tiny, signed zeros and kinks
+    assert [c.inputs for c in result.checks] == ["own"] * 5 + ["large", "tiny", "kinks", "sign_flip", "shift"]
+    assert all(c.passed for c in result.checks)
+
+
+def test_a_task_whose_own_inputs_cannot_tell_relu_from_identity_gets_sign_changing_sets(pools, tasks):
+    case = {"task": "level1/17_relu", "backend": "cpp"}
+    good = evaluate(pools, tasks, CORPUS / "legit" / "relu_omp", case, "verify")
+    assert good.failure is None and [c.inputs for c in good.checks] == ["own"] * 5 + ["shift"], good.message
+    lazy = evaluate(pools, tasks, CORPUS / "hacks" / "identity_relu", case, "verify")
+    # right on all five of the task's own sets (rounds 0-4), wrong on the first that changes a sign
+    assert lazy.failure == "wrong" and "wrong on round 5 (inputs: shift)" in lazy.message, lazy.message
 
 
 def test_env_worker_ray_actor_evaluates_and_reports_health(tmp_path, tasks):

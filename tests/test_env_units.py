@@ -166,11 +166,12 @@ def test_adversarial_sets_are_made_when_their_round_asks_and_leave_the_inputs_al
     made = []
     sets = adversarial(lambda: made.append(1) or [shared, 3], seed=5)
     assert made == []  # nothing held before the rounds
-    large, tiny, kinks = (make() for make in sets)
-    assert len(made) == 3 and large[1] == 3
+    large, tiny, kinks, flipped, shifted = (make() for make in sets)
+    assert len(made) == 5 and large[1] == 3 and flipped[1] == 3
     assert torch.equal(large[0], shared * 1e3) and torch.equal(tiny[0], shared * 1e-3)
     zeros = kinks[0] == 0
     assert 0.1 < zeros.float().mean() < 0.3 and torch.signbit(kinks[0][zeros]).any()  # signed zeros, both signs
+    assert torch.equal(flipped[0], -shared) and abs(float(shifted[0].mean())) < 1e-6  # sign changes, not only scalings
     assert torch.equal(shared, torch.linspace(-1.0, 1.0, 10_000))
 
 

@@ -2,8 +2,9 @@
 
 Static (no code run): it parses, defines the entry points, and calls nothing stochastic.
 Dynamic (tasks/screen.py): it runs in eager and under torch.compile, agrees with itself, has
-finite outputs that are neither constant nor all within tolerance of zero, depends on its
-inputs, and its eager time lies in the backend's window.
+finite outputs that its own inputs tell from zeros, a constant and an input returned unchanged
+(tasks/discriminate.py, the harness's rule), depends on its inputs, and its eager time lies in
+the backend's window.
 """
 from __future__ import annotations
 
@@ -40,5 +41,5 @@ def static_problem(source: str) -> str:
 
 def dynamic_problem(task: Task, backend: str, window_ms: tuple[float, float], try_compile: bool) -> tuple[str, float | None]:
     """(why the program fails as a benchmark, or empty; its eager time in ms)."""
-    result = screen_task(task, backend=backend, window_ms=window_ms, try_compile=try_compile)
+    result = screen_task(task, backend=backend, window_ms=window_ms, try_compile=try_compile, transforms=False)
     return "; ".join(result.problems), result.eager_ms
