@@ -23,7 +23,10 @@ class RunCgroups:
     polls, and tmpfs pages, which are not RSS, are charged too).
     cpuset: SandboxLimits.cpus, enforced by the kernel whatever the run does to its affinity.
     cgroup v2 without controllers still gives ``cgroup.kill``: kill every member at once,
-    whatever sessions or process groups they moved to. Membership also drives the watchdog.
+    whatever sessions or process groups they moved to, and ``cgroup.freeze`` (or v1's freezer):
+    stop every member at once and know when they are all stopped (``Freezer``), which the
+    harness uses to keep a server still outside its timed window. Membership also drives the
+    watchdog.
     """
 
     _counter = 0
@@ -45,9 +48,11 @@ class RunCgroups:
         mem_bytes = (memory_mb + 1024) << 20
         skipped = set(skip)
         cpu_list = ",".join(str(c) for c in sorted(set(cpus)))
-        for ctrl in ("pids", "memory", "cpuset"):
+        for ctrl in ("pids", "memory", "cpuset", "freezer"):
             if ctrl == "cpuset" and not cpu_list:
                 continue
+            if ctrl == "freezer" and (v2 is not None and "" in own):
+                continue  # cgroup v2's cgroup.freeze, below, where there is one
             if ctrl in v1 and ctrl in own and f"cgroup-{ctrl}" not in skipped:
                 d = v1[ctrl] / own[ctrl].lstrip("/") / name
                 try:
@@ -57,6 +62,8 @@ class RunCgroups:
                 try:
                     if ctrl == "pids":
                         (d / "pids.max").write_text(str(max_pids))
+                    elif ctrl == "freezer":
+                        (d / "freezer.state").read_text()  # present: a v1 freezer
                     elif ctrl == "cpuset":
                         # A v1 cpuset starts empty: it needs its memory nodes before any member.
                         (d / "cpuset.mems").write_text((d.parent / "cpuset.mems").read_text())
@@ -65,7 +72,7 @@ class RunCgroups:
                         (d / "memory.limit_in_bytes").write_text(str(mem_bytes))
                         if (d / "memory.memsw.limit_in_bytes").exists():
                             (d / "memory.memsw.limit_in_bytes").write_text(str(mem_bytes))
-                    self.dirs.append((d, f"cgroup-{ctrl}"))
+                    self.dirs.append((d, "cgroup-freeze" if ctrl == "freezer" else f"cgroup-{ctrl}"))
                 except OSError:
                     _rmdir(d)
         if v2 is not None and "" in own:
@@ -92,6 +99,8 @@ class RunCgroups:
                 pass
             if (d / "cgroup.kill").exists() and "cgroup-kill" not in skipped:
                 labels.append("cgroup-kill")
+            if (d / "cgroup.freeze").exists() and "cgroup-freeze" not in skipped:
+                labels.append("cgroup-freeze")
             if labels:
                 self.dirs.append((d, ",".join(labels)))
             else:
@@ -114,6 +123,13 @@ class RunCgroups:
                     pass
         return done
 
+    def freezer(self) -> "Freezer | None":
+        """The run's freezer (cgroup v2's cgroup.freeze, else v1's freezer), or None where it has none."""
+        for d, lab in self.dirs:
+            if "cgroup-freeze" in lab.split(","):
+                return Freezer(d)
+        return None
+
     def join_list(self) -> list[list[str]]:
         return [[str(d / "cgroup.procs"), lab] for d, lab in self.dirs]
 
@@ -130,6 +146,9 @@ class RunCgroups:
         return sorted(out)
 
     def kill(self) -> None:
+        for d, lab in self.dirs:
+            if "cgroup-freeze" in lab.split(","):  # v1's frozen tasks die only once thawed
+                Freezer(d).thaw()
         for d, lab in self.dirs:
             if "cgroup-kill" in lab:
                 try:
@@ -170,6 +189,51 @@ class RunCgroups:
         self.dirs = []
 
 
+class Freezer:
+    """Stop and continue every process of a run at once; ``freeze`` returns once they are all stopped.
+
+    cgroup v2: ``cgroup.freeze``, done when ``cgroup.events`` reads "frozen 1"; v1: the freezer
+    controller's ``freezer.state``, done when it reads FROZEN. The kernel stops every thread
+    wherever it runs, and no signal the process can catch or block is involved (SIGSTOP would
+    show as a state change its own threads can watch, and it took 2.7 ms on this 2-core machine
+    against 44 us for cgroup v2's freezer). The files stay open: a round freezes and thaws once.
+    """
+
+    def __init__(self, folder: Path):
+        self.v2 = (folder / "cgroup.freeze").exists()
+        control, state = ("cgroup.freeze", "cgroup.events") if self.v2 else ("freezer.state", "freezer.state")
+        self._write = os.open(folder / control, os.O_WRONLY)
+        self._read = os.open(folder / state, os.O_RDONLY)
+        self._on, self._off = (b"1", b"0") if self.v2 else (b"FROZEN", b"THAWED")
+        self._frozen = b"frozen 1" if self.v2 else b"FROZEN\n"
+
+    def freeze(self, alive=lambda: True) -> bool:
+        """Stop the run; True once every member is stopped, False if ``alive()`` turns False first."""
+        try:
+            os.write(self._write, self._on)
+            spins = 0
+            while self._frozen not in os.pread(self._read, 4096, 0):
+                spins += 1
+                if spins % 64 == 0 and not alive():
+                    return False
+        except OSError:  # the cgroup went with its run
+            return False
+        return True
+
+    def thaw(self) -> None:
+        try:
+            os.write(self._write, self._off)
+        except OSError:  # the cgroup is gone with its run
+            pass
+
+    def close(self) -> None:
+        for fd in (self._write, self._read):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def _rmdir(d: Path) -> bool:
     try:
         d.rmdir()
@@ -194,7 +258,7 @@ def _cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
                 v2 = mnt
             elif rest[0] == "cgroup":
                 for opt in rest[2].split(","):
-                    if opt in ("pids", "memory", "cpuset"):
+                    if opt in ("pids", "memory", "cpuset", "freezer"):
                         v1.setdefault(opt, mnt)
     return v1, v2
 

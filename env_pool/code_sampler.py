@@ -537,3 +537,72 @@ def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, 
                               "beyond what serving the outputs takes: torch computed the result, not your kernel "
                               "(seen by the harness's CPU sampler, whatever the process did to its own detectors)"})
     return out
+
+
+BUILD_COMMS = ("cc1plus", "cc1", "g++", "gcc", "c++", "nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "ld", "as", "ninja")
+DISTURBED_SHARE = 0.1  # a round is disturbed when builds ran on the timing CPUs for this share of it, or more
+DISTURBED_ROUNDS = 0.25  # baselines are not kept when more than this share of their timed rounds was disturbed
+
+
+class Disturbance:
+    """Builds that ran on the timing CPUs (the servers' and the harness's) during a phase's rounds.
+
+    A build (a compiler, or any process in a candidate's sandbox: an import step, another
+    candidate's server) on those CPUs slows the clock or the server that is being timed. For a
+    candidate that only costs its own evaluation, but a task's baselines are kept for the
+    worker's life: the red team's compile of ~80 s beside a task's first baselines left them
+    cached at 3x their quiet time, and an honest kernel two milestones up. The worker keeps its
+    builds off those CPUs while baselines are timed (env_pool/evaluate.py's BuildGate); this
+    is the check that it worked, whatever started the build.
+    """
+
+    def __init__(self, sampler: CpuSampler, own: set[int]):
+        self.sampler = sampler
+        self.own = own | {os.getpid()}
+        sampler.drain()
+        self.rounds = 0
+        self.disturbed = 0
+        self.culprits: Counter = Counter()
+        self.ledger = None  # no code is attributed (PhaseSampling's place in a round)
+        self._kinds: dict[int, str] = {}  # pid -> "build" or "" (anything else is only load)
+
+    def poll(self) -> None:
+        self.sampler.reperiod()
+        if self.sampler.half_full():
+            self._count(self.sampler.drain()[0], 0, 0)
+
+    def round_done(self, start_ns: int, end_ns: int) -> None:
+        self.rounds += 1
+        builds = self._count(self.sampler.drain()[0], start_ns, end_ns)
+        if builds * PERIOD_NS > DISTURBED_SHARE * (end_ns - start_ns):  # a build on one CPU for that share of the round
+            self.disturbed += 1
+
+    def _count(self, samples: list[Sample], start_ns: int, end_ns: int) -> int:
+        builds = 0
+        for s in samples:
+            if s.pid <= 0 or s.pid in self.own or (end_ns and not start_ns <= s.time <= end_ns):
+                continue
+            name = self._kind(s.pid)
+            if name:
+                builds += 1
+                self.culprits[name] += 1
+        return builds
+
+    def _kind(self, pid: int) -> str:
+        """A build's name for ``pid`` ("" for anything else), looked up once per process."""
+        if pid not in self._kinds:
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                sandboxed = "cuda-agent-sandbox" in Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                comm, sandboxed = "", False
+            self._kinds[pid] = comm if sandboxed or comm in BUILD_COMMS else ""
+        return self._kinds[pid]
+
+    @property
+    def too_disturbed(self) -> bool:
+        return self.rounds > 0 and self.disturbed > DISTURBED_ROUNDS * self.rounds
+
+    def describe(self) -> str:
+        names = ", ".join(f"{name} ({n} samples)" for name, n in self.culprits.most_common(3))
+        return f"{self.disturbed} of {self.rounds} rounds had builds on the timing CPUs ({names})"

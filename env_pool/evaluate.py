@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,6 +58,48 @@ class Baseline:
     compiled: Timing
 
 
+class BuildGate:
+    """Builds and baseline timing kept apart where the builds' CPUs are the timed runs' too.
+
+    A task's baselines are kept for the worker's life, so they are timed on a quiet worker: a
+    build (a compile, a load_inline import) on the CPUs of the servers or of the harness's
+    clock waits while baselines are timed, and the timing waits for the builds already
+    running. On a machine with CPUs to spare the builds have their own (split_cpus), and the
+    gate never closes. Threads, not asyncio: builds run in worker threads, and a worker's
+    context outlives event loops.
+    """
+
+    def __init__(self, shared: bool):
+        self.shared = shared  # the builds' CPUs are the servers' or the harness's
+        self._cond = threading.Condition()
+        self._builds = 0
+        self._timing = 0
+
+    @contextlib.contextmanager
+    def build(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not (self.shared and self._timing))
+            self._builds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._builds -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def baselines(self):
+        with self._cond:
+            self._timing += 1  # first: no build starts from here on
+            self._cond.wait_for(lambda: not (self.shared and self._builds))
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timing -= 1
+                self._cond.notify_all()
+
+
 class WorkerUnhealthy(RuntimeError):
     """This worker's device was found hung: evaluations fail as infra, to be retried elsewhere."""
 
@@ -73,6 +116,15 @@ class EvalContext:
     untimeable: dict[tuple[str, str], tuple[int, float, str]] = field(default_factory=dict)  # (strikes, since, why) per task
     _harness: HarnessProcess | None = None
     _compiles: asyncio.Semaphore | None = None
+    _gate: BuildGate | None = None
+
+    @property
+    def gate(self) -> BuildGate:
+        """Builds wait while baselines are timed, where they share CPUs with the timed runs."""
+        if self._gate is None:
+            plan = split_cpus(int(self.cfg.threads))
+            self._gate = BuildGate(bool(set(plan.builds) & set(plan.servers + plan.harness)))
+        return self._gate
 
     def strike(self, key: tuple[str, str], why: str) -> bool:
         """One more baseline of ``key`` within the protocol's noise; True once its speed goes unjudged."""
@@ -222,8 +274,8 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     spec = BACKENDS[backend]
     if spec.source in files:
         async with ctx.compile_slots:
-            built = await asyncio.to_thread(compile_kernel, files, backend, ctx.work_dir / "kernels", ctx.cfg.compile_timeout_s,
-                                            cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
+            built = await asyncio.to_thread(_gated, ctx.gate, compile_kernel, files, backend, ctx.work_dir / "kernels",
+                                            ctx.cfg.compile_timeout_s, cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
         result.compile_s, result.cache_hit, result.compile_log = built.seconds, built.cache_hit, built.log
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
@@ -354,7 +406,8 @@ def split_cpus(threads: int) -> CpuPlan:
 
 
 async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict:
-    """One request to the worker's warm trusted harness (env_pool/harness_process.py)."""
+    """One request to the worker's warm trusted harness (env_pool/harness_process.py); a request
+    that times baselines runs with the worker's builds kept off the timing CPUs (BuildGate)."""
     cfg = ctx.cfg
     plan = split_cpus(int(cfg.threads))
     # Pinned on every backend while the code sampler runs: it samples the servers' CPUs only.
@@ -369,7 +422,12 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
                "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
                "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}
     limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
-    return await asyncio.to_thread(ctx.harness.request, payload, limit)
+    return await asyncio.to_thread(_quiet_request, ctx, payload, limit, baseline or mode == "baselines")
+
+
+def _quiet_request(ctx, payload: dict, limit: float, baselines: bool) -> dict:
+    with ctx.gate.baselines() if baselines else contextlib.nullcontext():
+        return ctx.harness.request(payload, limit)
 
 
 async def _import_step(ctx, backend, scratch) -> tuple[SandboxOutcome, dict]:
@@ -409,7 +467,13 @@ async def _import_child(ctx, backend, scratch, gpu: bool, arch: str = "") -> San
     pch = inline_pch.ready_dir(Path(cfg.pch_dir), backend, own) if cfg.pch_dir else None
     if pch is not None:  # torch's headers precompiled: GCC looks on CPATH before torch's own include dirs
         env["CPATH"] = str(pch)
-    return await asyncio.to_thread(run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
+    return await asyncio.to_thread(_gated, ctx.gate, run_sandboxed, RUNNER, msgpack.packb(payload), scratch, limits, env)
+
+
+def _gated(gate: BuildGate, build, *args, **kwargs):
+    """``build(*args, **kwargs)`` in a worker thread, once no baselines are being timed on its CPUs."""
+    with gate.build():
+        return build(*args, **kwargs)
 
 
 def _decode(outcome: SandboxOutcome) -> dict:

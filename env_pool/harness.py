@@ -30,6 +30,7 @@ serves the reference: it is the same code, in the same kind of process):
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import os
@@ -47,11 +48,12 @@ from typing import Any, Callable
 import msgpack
 import torch
 
-from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
+from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable, judge
 from env_pool.inputs import ADVERSARIAL, adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.results import InputCheck, Timing
-from env_pool.rounds import DONE, GO, READY, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.readout import Unreadable, read_arena, read_process
+from env_pool.rounds import DONE, GO, NOWHERE, OUTS, READY, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxOutcome
 from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
@@ -82,12 +84,14 @@ class PhaseRun:
     """What the harness measured of one phase: raw round times (ns) and the checks it made."""
 
     samples_ns: list[int] = field(default_factory=list)
-    staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output copies, per round
+    staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output reads, per round
+    settle_ns: list[int] = field(default_factory=list)  # DONE until the server was frozen: its own, never subtracted
     checks: list[InputCheck] = field(default_factory=list)
     outputs: Variation = field(default_factory=Variation)  # the server's, over the first VARIATION_ROUNDS checked rounds
     expected: Variation = field(default_factory=Variation)  # the reference's, over the same rounds
     mutated: bool = False
     code: CodeLedger | None = None  # where the server's CPU time went in the rounds (a candidate's server only)
+    disturbance: Disturbance | None = None  # builds on the timing CPUs during the rounds (a trusted server's)
 
 
 class Rounds:
@@ -105,21 +109,35 @@ class Rounds:
         self.init_seed = secrets.randbits(62)
         self.reference = make_model(self.problem, self.init_seed, self.device)
         first = self.fresh_inputs()
-        with torch.no_grad():
-            outputs = _as_list(self.reference(*first))
+        outputs, peak = self._reference_peak(first)
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             raise RuntimeError("the task's reference returns something other than tensors; the environment times tensors only")
-        self.layout = plan_layout(first, outputs, self.device)
+        self.layout = plan_layout(first, outputs, self.device, peak)
         self.scalars = [a.get("value") for a in self.layout.args]
         self.control = Control.create()
         self.memory = SlotMemory.create(self.layout.size, self.device)
         self.arg_views = [self.memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
-        self.out_views = [self.memory.view(s) for s in self.layout.outputs]
-        # Where each round's outputs are copied out, allocated once: a fresh allocation inside the
+        # A GPU's arena, where the server's round allocates (env_pool/arena.py): NaN (0xFF bytes)
+        # to start with, so an output that was never written cannot pass.
+        self.arena = self.memory.view(self.layout.arena).fill_(0xFF) if self.device == "cuda" else None
+        # Where each round's outputs are read to, allocated once: a fresh allocation inside the
         # timed window would add page faults (CPU) or allocator work to every round.
-        self.snapshots = [torch.empty_like(o) for o in self.out_views]
+        self.snapshots = [torch.empty(s.shape, dtype=s.torch_dtype, device=self.device) for s in self.layout.outputs]
         self.flusher = CacheFlusher(self.device)
         self._discrimination: Discrimination | None = None
+
+    def _reference_peak(self, inputs: list[Any]) -> tuple[list[Any], int]:
+        """The reference's outputs on ``inputs``, and on a GPU the most device memory its forward held at once."""
+        if self.device != "cuda":
+            with torch.no_grad():
+                return _as_list(self.reference(*inputs)), 0
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            outputs = _as_list(self.reference(*inputs))
+        torch.cuda.synchronize()
+        return outputs, max(0, torch.cuda.max_memory_allocated() - before)
 
     def device_bytes(self) -> int:
         """What this task keeps on its device between evaluations: slots, snapshots, the reference, the flush buffer."""
@@ -168,40 +186,51 @@ class Rounds:
         inputs = self.fresh_inputs()
         return [inputs] * count
 
-    def run_phase(self, thread: threading.Thread, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
-                  sampler: CpuSampler | None = None, sampling: PhaseSampling | None = None,
+    def run_phase(self, server: Server, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
+                  sampler: CpuSampler | None = None, sampling: PhaseSampling | Disturbance | None = None,
                   labels: list[str] | None = None) -> PhaseRun:
-        """Serve ``rounds`` to the ready phase and time each: input sets (None: fresh; a function: the
-        set it makes, made when its round comes), or a count of fresh ones. ``labels`` name each
+        """Serve ``rounds`` to the ready, frozen phase and time each: input sets (None: fresh; a function:
+        the set it makes, made when its round comes), or a count of fresh ones. ``labels`` name each
         round's kind of set in its check ("own" where none is given).
 
-        With a ``sampler``, the servers' CPUs are sampled from GO to DONE of every round (every
-        server's, so all pay the same); with ``sampling`` too, each round's samples are
+        A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
+        while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
+        where it left them (env_pool/readout.py); the clock stopped. So the candidate computes
+        only inside its window, and a result not finished by DONE is read unfinished. With a
+        ``sampler``, the servers' CPUs are sampled from GO until the server is frozen again (all
+        the time it can run in a round); with ``sampling`` too, each round's samples are
         attributed after the round (outside its time).
         """
-        run = PhaseRun(code=sampling.ledger if sampling is not None else None)
+        run = PhaseRun(code=sampling.ledger if sampling is not None else None,
+                       disturbance=sampling if isinstance(sampling, Disturbance) else None)
         todo = rounds if isinstance(rounds, list) else [None] * rounds
+        freezer = server.start.freezer
         for given in todo:
             inputs = given() if callable(given) else given if given is not None else self.fresh_inputs()
             nonce = self._prepare(inputs)
             start = time.perf_counter_ns()
-            self._write_inputs(inputs)  # inside the window: no round's inputs exist before its clock runs
+            self._write_inputs(inputs)  # inside the window, the server frozen: no round's inputs exist before its clock runs
             if sampler is not None:
                 sampler.enable(True)
             go_at = time.perf_counter_ns()
             self.control.words[GO] = nonce
-            status = self._wait_done(thread, nonce, sampling)
+            freezer.thaw()
+            status = self._wait_done(server.thread, nonce, sampling)
             done_at = time.perf_counter_ns()
+            if not freezer.freeze(server.thread.is_alive):
+                raise ServerGone()
+            frozen_at = time.perf_counter_ns()
             if sampler is not None:
                 sampler.enable(False)
-            for kept, out in zip(self.snapshots, self.out_views):
-                kept.copy_(out)
+            if status >= 0:
+                self._read_outputs(server)
             synchronize(self.device)
             end = time.perf_counter_ns()
             run.samples_ns.append(end - start)
-            run.staging_ns.append((go_at - start) + (end - done_at))
-            if sampling is not None:  # the server's work between GO and DONE (not its spin while inputs are written)
-                sampling.round_done(go_at, done_at)
+            run.staging_ns.append((go_at - start) + (end - frozen_at))
+            run.settle_ns.append(frozen_at - done_at)
+            if sampling is not None:  # all the server could run in the round: GO until it was frozen again
+                sampling.round_done(go_at, frozen_at)
             if status < 0:
                 kind, message = _kind_and_message(self.control.message(), "crash")
                 raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
@@ -210,28 +239,51 @@ class Rounds:
                 self._check(run, inputs, self.snapshots, labels[len(run.checks)] if labels else "own")
         return run
 
+    def _read_outputs(self, server: Server) -> None:
+        """Each output from where the frozen server says it lies, into the snapshots; an unreadable place is wrong."""
+        pid = server.start.program_pid() if self.arena is None else None
+        for k, snapshot in enumerate(self.snapshots):
+            where = int(self.control.words[OUTS + k])
+            try:
+                if self.arena is not None:
+                    read_arena(self.arena, where, snapshot)
+                elif pid is None:
+                    raise ServerGone()
+                else:
+                    read_process(pid, where, snapshot)
+            except Unreadable as err:
+                raise RoundsFailed("wrong", f"output {k} could not be read where the server put it: {err}") from err
+            except ProcessLookupError as err:
+                raise ServerGone() from err
+
     def _prepare(self, inputs: list[Any]) -> int:
         """Everything before a round's clock starts; returns the round's nonce.
 
-        The outputs are poisoned (a missing output cannot pass) and the caches flushed (every
-        round starts cold) before the clock, and the inputs written only after it starts: a
-        server that watches the slots can do nothing ahead of time (the red team's
-        prestage_watcher computed during the flush). The nonce is unguessable and DONE is
-        cleared: a DONE written before GO, or left by another server, never matches it.
+        The caches are flushed (every round starts cold) before the clock, and the inputs
+        written only after it starts, while the server is frozen: a server that watches the
+        slots can do nothing ahead of time (the red team's prestage_watcher computed during the
+        flush; a later one, as the inputs landed). The nonce is unguessable and DONE is
+        cleared: a DONE written before GO, or left by another server, never matches it; the
+        OUTS words are cleared, so a server that places nothing is read from nowhere.
         """
         for value, scalar in zip(inputs, self.scalars):
             if scalar is not None and value != scalar:
                 raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
-        for out in self.out_views:
-            out.fill_(float("nan") if out.is_floating_point() else -7777777)
         self.flusher()
         self.control.words[DONE] = 0
+        for k in range(len(self.snapshots)):
+            self.control.words[OUTS + k] = NOWHERE
         synchronize(self.device)
         return secrets.randbits(62) | (1 << 61)
 
     def _write_inputs(self, inputs: list[Any]) -> None:
         for view, value in zip(self.arg_views, inputs):
-            if view is not None:
+            if view is None:
+                continue
+            if self.device == "cpu" and value.is_contiguous() and value.dtype == view.dtype:
+                # libc's copy: a tenth of torch's time for 16 MB on the 2-core machine, and steadier
+                ctypes.memmove(view.data_ptr(), value.data_ptr(), value.numel() * value.element_size())
+            else:
                 view.copy_(value)
         synchronize(self.device)
 
@@ -343,7 +395,8 @@ def seccomp_works() -> bool:
 
 
 def open_sampler(payload: dict) -> CpuSampler | None:
-    """The code sampler on the servers' CPUs (every server's: they all run under the same sampling).
+    """The code sampler on the servers' CPUs and the harness's own (every server's: they all run
+    under the same sampling; the harness's, where a build would slow the clock).
 
     Required unless ``code_sampling`` is off: without it nothing outside the candidate's process
     tells torch's or a library's code from the candidate's, so the run is refused as infra.
@@ -354,7 +407,7 @@ def open_sampler(payload: dict) -> CpuSampler | None:
     if not cpus:
         raise RoundsFailed("infra", "the code sampler needs the servers' CPUs (payload cpus), and none were given")
     try:
-        return CpuSampler(cpus)
+        return CpuSampler(sorted(set(cpus) | os.sched_getaffinity(0)))
     except (SamplerUnavailable, OSError) as err:
         raise RoundsFailed("infra", f"the harness's code sampler cannot run here: {err}. Candidates are not run "
                                     "without it (env.code_sampling=false turns it off, for comparisons only)") from err
@@ -401,24 +454,41 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
     timed = rounds.payload["mode"] == "full" or trusted
+    freezer = None
     try:
         for index, (name, todo, check, labels) in enumerate(phases):
             rounds.wait_ready(index, server.thread, trusted)
+            freezer = server.start.freezer  # set as its sandbox started: long before it could say READY
+            if freezer is None:  # cgroup-freeze is required of every server (server_pool.Server): the sandbox's fault
+                raise RoundsFailed("infra", "the server's sandbox has no freezer (cgroup v2's cgroup.freeze or the v1 "
+                                            "freezer): its rounds cannot be confined to their timed window")
+            if not freezer.freeze(server.thread.is_alive):  # still from here until its first round's GO
+                raise ServerGone()
             count = todo if isinstance(todo, int) else len(todo)
             if sampler is not None:
                 sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
-            sampling = PhaseSampling(sampler, server.pids(), identity, count) if identity is not None else None
+            if sampler is None:
+                sampling = None
+            elif identity is not None:  # a candidate's server: which code did the work
+                sampling = PhaseSampling(sampler, server.pids(), identity, count)
+            else:  # a trusted server's: whether a build disturbed the rounds
+                sampling = Disturbance(sampler, server.pids())
             with pools.quiet(timed):
-                runs[name] = rounds.run_phase(server.thread, todo, check, sampler, sampling, labels)
+                runs[name] = run = rounds.run_phase(server, todo, check, sampler, sampling, labels)
+            log(f"  {name}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
+                f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
             if sampler is not None:
                 sampler.record_mappings(False)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
+            freezer.thaw()
     except RoundsFailed as err:
         failure = err
     except ServerGone:
         pass  # the outcome below says why
     finally:
         rounds.control.words[GO] = STOP
+        if freezer is not None:
+            freezer.thaw()
         server.thread.join()
         rounds.control.words[READY] = 0
         rounds.control.words[DONE] = 0
@@ -495,11 +565,15 @@ def _kind_and_message(message: str, default: str) -> tuple[str, str]:
     kind, text = default, message
     if message.startswith("[") and "]" in message:
         head, _, rest = message[1:].partition("]")
-        if head in ("wrong", "crash", "import", "infra"):
+        if head in ("wrong", "crash", "import", "infra", "out_of_memory"):
             kind, text = head, rest.strip()
     if kind == "crash" and any(sign in text for sign in OOM_SIGNS):
         kind = "out_of_memory"
     return kind, text or "the round failed without a message"
+
+
+def _ms(values_ns: list[int]) -> str:
+    return f"{statistics.median(values_ns) / 1e6:.3f}" if values_ns else "-"
 
 
 def _iqr(values: list[float]) -> float:
@@ -507,9 +581,17 @@ def _iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def net_timing(samples_ns: list[int], null_ns: list[int]) -> Timing:
-    """Median and IQR of the rounds less the protocol's own cost, in ms."""
-    floor = statistics.median(null_ns)
+def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
+    """Median and IQR of the rounds less the protocol's own cost, in ms.
+
+    The cost subtracted is only what the harness itself does in a round and the server can
+    neither skip nor shorten: writing the inputs and reading the outputs, as the same server's
+    null phase measured them before any candidate code loaded. Nothing the server's process
+    does is subtracted (its wake-up, its loop, the moments between its DONE and its freeze are
+    every phase's own, the baselines' included): a cost measured on the server's side is one a
+    candidate can skip, as it skipped the output copy that the null phase once paid.
+    """
+    floor = statistics.median(null_staging_ns)
     net = [max(MIN_NET_MS, (s - floor) / 1e6) for s in samples_ns]
     return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net))
 
@@ -539,8 +621,12 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
             return result
-        null = runs["null"].samples_ns[warmup:]
+        null = runs["null"].staging_ns[warmup:]
         for name in ("eager", "compiled"):
+            disturbed = runs[name].disturbance
+            if disturbed is not None and disturbed.too_disturbed:  # never cached: they would decide every reward
+                result.update(failure="infra", message=f"the {name} baseline was disturbed: {disturbed.describe()}; retried")
+                return result
             timing = net_timing(runs[name].samples_ns[warmup:], null)
             if not resolved(timing, runs[name].staging_ns[warmup:]):  # never cached: it would decide every reward
                 result.update(failure="infra", untimeable=True,
@@ -596,7 +682,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
         result.update(failure="wrong", message="the output does not change with the inputs")
         return result
     if full:
-        null = runs["null"].samples_ns[warmup:]
+        null = runs["null"].staging_ns[warmup:]
         timing = net_timing(run.samples_ns[-reps:], null)
         if resolved(timing, run.staging_ns[-reps:]):
             result["candidate"] = timing.__dict__

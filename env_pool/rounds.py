@@ -1,21 +1,32 @@
-"""The memory of the round protocol: a control block and the input and output slots.
+"""The memory of the round protocol: a control block, the input slots and, on a GPU, the arena.
 
 The trusted harness (env_pool/harness.py) and a server (env_pool/serve.py, sandboxed) map the
 same memory. The harness writes each round's fresh inputs into the input slots and a fresh
-nonce into ``GO``; the server runs the model, copies the outputs into the output slots and
-writes the nonce into ``DONE``. Both sides spin on these words instead of
-sleeping in a pipe read, so a round's overhead is a few microseconds and nearly constant.
+nonce into ``GO``; the server runs the model, writes where each output lies into the ``OUTS``
+words, and writes the nonce into ``DONE``. Both sides spin on these words instead of sleeping
+in a pipe read, so a round's overhead is a few microseconds and nearly constant.
+
+Outputs are never copied into protocol memory by the server: a copy made in the candidate's
+process is one the candidate can skip (it wrote its result straight into the slot and returned
+it, so the server's copy was a move onto itself, while the null phase's copy was still
+subtracted: 1.10-1.15x eager for a kernel that moved 1.75x the memory). The harness reads each
+output where the server's forward left it (env_pool/readout.py): on the CPU from the server's
+own memory (``process_vm_readv``, the server frozen); on a GPU from the arena, a part of the
+shared allocation from which the server's round allocates everything (env_pool/arena.py), so
+the reference's output and a candidate's ``torch.empty_like`` land there without a copy.
 
 Deliberately shared across the trust boundary: this module holds only the layout. The server's
 copy of it runs in the candidate's reach; the harness relies on nothing the server writes
-except as untrusted data (it stops its own clock on ``DONE`` and verifies every output itself).
+except as untrusted data (an ``OUTS`` word is an address or an offset it checks and reads from,
+and every output it reads is verified).
 
 Memory: the control block is a sealed memfd (the server cannot shrink it under the harness:
 a SIGBUS there would turn a hack into an infra failure). Slots live in a second memfd on the
 CPU; on a GPU in a CUDA VMM allocation exported as a POSIX file descriptor, because legacy
 CUDA IPC handles do not work across PID namespaces and the server runs in one of its own.
 Both are passed to the server by inheritance (``run_sandboxed(pass_fds=...)``), and both hold
-nothing but the slots: a server that writes anywhere it can reach touches only round data.
+nothing but the slots and the arena: a server that writes anywhere it can reach touches only
+round data.
 """
 from __future__ import annotations
 
@@ -30,11 +41,17 @@ import torch
 
 # Control words (int64 each) in the control block. GO carries a fresh unguessable nonce each
 # round (or STOP, or a phase's end); DONE must echo it (or its negation, for a failed round).
-GO, DONE, READY = 0, 1, 2
+# OUTS + k: where output k lies once DONE is written (the CPU: its address in the server's
+# memory; a GPU: its offset in the arena).
+GO, DONE, READY, OUTS = 0, 1, 2, 8
 STOP = -1  # GO: leave the server's loop and exit
+NOWHERE = -1  # an OUTS word before the server has placed its output
 CONTROL_BYTES = 4096
 MESSAGE_AT, MESSAGE_BYTES = 1024, 3072  # the server's last error text (untrusted, for messages only)
+MAX_OUTPUTS = MESSAGE_AT // 8 - OUTS
 ALIGN = 256  # slot alignment: enough for vectorised loads on both backends
+ARENA_MARGIN = 64 << 20  # the arena beyond the reference's own peak and a second copy of its outputs
+ARENA_ALIGN = 2 << 20  # the arena's start and size: the caching allocator's large segments are 2 MiB multiples
 
 
 def next_phase(phase: int) -> int:
@@ -44,7 +61,7 @@ def next_phase(phase: int) -> int:
 
 @dataclass
 class Slot:
-    """One tensor in the slot memory."""
+    """One tensor in the slot memory (an output's: its shape and dtype; it has no place there)."""
 
     offset: int
     shape: list[int]
@@ -64,12 +81,14 @@ class Slot:
 
 @dataclass
 class Layout:
-    """Where every forward argument and output lives; scalars travel as values."""
+    """Where every forward argument lives (scalars travel as values), the outputs' specs, and the arena."""
 
     args: list[dict[str, Any]]  # each {"slot": Slot-as-dict} or {"value": a constant non-tensor argument}
-    outputs: list[Slot]
+    outputs: list[Slot]  # shapes and dtypes (their offsets are 0: an output lies where the server's forward left it)
     size: int
     device: str  # "cpu" or "cuda"
+    arena_offset: int = 0  # a GPU's: where the arena starts in the slot memory
+    arena_size: int = 0  # 0 on the CPU
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,11 +96,24 @@ class Layout:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Layout":
         args = [{"slot": Slot(**a["slot"])} if "slot" in a else {"value": a["value"]} for a in d["args"]]
-        return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"])
+        return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"],
+                   arena_offset=int(d.get("arena_offset", 0)), arena_size=int(d.get("arena_size", 0)))
+
+    @property
+    def arena(self) -> Slot:
+        """The arena as one byte tensor of the slot memory."""
+        return Slot(self.arena_offset, [self.arena_size], "uint8")
 
 
-def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str) -> Layout:
-    """A layout for a task's forward arguments and its reference outputs (shapes, dtypes, count)."""
+def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str, peak_bytes: int = 0) -> Layout:
+    """A layout for a task's forward arguments and its reference outputs (shapes, dtypes, count).
+
+    On a GPU the arena after the inputs holds what a round allocates: the reference's own peak
+    (``peak_bytes``: its outputs and temporaries), room for a second copy of the outputs (a
+    candidate whose result lies elsewhere has it copied in) and a margin.
+    """
+    if len(outputs) > MAX_OUTPUTS:
+        raise RuntimeError(f"the task's reference returns {len(outputs)} outputs; the environment serves at most {MAX_OUTPUTS}")
     offset = 0
     args: list[dict[str, Any]] = []
     for value in inputs:
@@ -91,12 +123,12 @@ def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str) -> 
             offset = _align(offset + slot.nbytes)
         else:
             args.append({"value": value})
-    outs = []
-    for value in outputs:
-        slot = Slot(offset, list(value.shape), str(value.dtype).removeprefix("torch."), value.is_contiguous())
-        outs.append(slot)
-        offset = _align(offset + slot.nbytes)
-    return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device)
+    outs = [Slot(0, list(value.shape), str(value.dtype).removeprefix("torch."), value.is_contiguous()) for value in outputs]
+    if device == "cpu":
+        return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device)
+    start = (offset + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN  # whole 2 MiB pages: the allocator's segments
+    arena = (peak_bytes + sum(o.nbytes for o in outs) + ARENA_MARGIN + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+    return Layout(args=args, outputs=outs, size=start + arena, device=device, arena_offset=start, arena_size=arena)
 
 
 class Control:
@@ -145,6 +177,10 @@ class SlotMemory:
     @classmethod
     def attach(cls, fd: int, size: int, device: str) -> "SlotMemory":
         return cls(fd, size, device)
+
+    def address(self, offset: int) -> int:
+        """A GPU slot memory's device address at ``offset`` (where the arena starts, say)."""
+        return self._vmm.ptr.value + offset
 
     def view(self, slot: Slot) -> torch.Tensor:
         """A tensor of its own over the slot's bytes: no version counter shared with other slots."""

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from env_pool.cgroups import RunCgroups
+from env_pool.cgroups import Freezer, RunCgroups
 from env_pool.result_channel import RESULT_FD_ENV
 from env_pool.sandbox_channels import BoundedBytes, HeadTail, drain, feed
 from env_pool.sandbox_watchdog import ExitWaiter, TreeWatch
@@ -224,6 +224,8 @@ class WarmStart:
         self.cancelled = False
         self.members: Any = None  # set by run_sandboxed: the run's pids right now
         self.move_cpus: Any = None  # set by run_sandboxed: moves the run to given CPUs, True when it is all there
+        self.freezer: Freezer | None = None  # set by run_sandboxed: stops and continues the whole run (cgroup-freeze); the caller closes it
+        self.program_pid: Any = None  # set by run_sandboxed: the program's pid (this namespace's number), or None
 
     def give(self, payload: bytes, cpus: tuple[int, ...] = ()) -> None:
         self.payload, self.cpus = payload, tuple(cpus)
@@ -391,6 +393,13 @@ def run_sandboxed(
         if warm is not None:
             warm.members = lambda: watch.members() | {pid}
             warm.move_cpus = watch.move_cpus
+            warm.freezer = cgroups.freezer()
+
+            def program_pid() -> int | None:
+                with status_lock:
+                    return status.get("child")
+
+            warm.program_pid = program_pid
 
         threads = [
             threading.Thread(target=feed_payload, daemon=True),
@@ -442,7 +451,7 @@ def run_sandboxed(
                 watch.kill_tree()
                 t.join(0.05)
         cgroup_oom = cgroups.oom_killed()
-        cgroups.remove()
+        cgroups.remove()  # the freezer's files stay open (their writes fail) until its owner closes it
     except BaseException:
         # Our own failure (or Ctrl-C) mid-run: the child's tree must not outlive it either.
         watch.kill_tree()

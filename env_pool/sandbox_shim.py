@@ -52,8 +52,9 @@ and how each field is checked:
 
 What it says back, on the status pipe (one JSON line per write, each below PIPE_BUF, written
 only by the shim and by the child before exec): ``isolation`` and ``init`` (what the shim
-applied, the PID namespace's init), ``child_isolation``, ``required_missing`` or
-``exec_error`` (the child), ``status`` (the child's wait status).
+applied, the PID namespace's init), ``child`` (the program's pid, as the shim's namespace
+numbers it), ``child_isolation``, ``required_missing`` or ``exec_error`` (the child),
+``status`` (the child's wait status).
 """
 import ctypes
 import errno
@@ -273,6 +274,7 @@ def _shim_main(raw_config: str) -> None:
     child = os.fork()
     if child == 0:
         _child_main(libc, cfg, iso, init_pid is not None and "mountns" in iso, status_fd)
+    report(child=child)  # the harness reads the program's memory by this pid (env_pool/readout.py)
     # The child has the payload pipe and the result channel; the shim must not hold them open.
     os.close(cfg["result_fd"])
     null = os.open("/dev/null", os.O_RDONLY)

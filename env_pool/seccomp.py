@@ -18,12 +18,21 @@ makes the kernel refuse them for every thread of the candidate's process:
   machine (os.sched_setaffinity, pthread_setaffinity_np, OpenMP's proc_bind) and slow the
   evaluations running beside it. A refusal, not a kill: OpenMP runtimes try it and carry on.
 - No code that the kernel would not name to the harness's code sampler (env_pool/code_sampler.py,
-  which attributes every sampled instruction to the file mapped there): ``mmap`` of anonymous
-  executable memory, ``mprotect``/``pkey_mprotect`` to executable, ``memfd_create``,
-  ``mremap`` and ``remap_file_pages`` (which would move a library's code under another
-  mapping's name without a record), ``personality`` (READ_IMPLIES_EXEC makes readable memory
-  executable behind the filter's back), ``unshare`` and ``setns`` fail with EPERM. dlopen maps
-  files, so ``ctypes.CDLL`` of kernel.so still works; JIT compilers (oneDNN's, in torch's CPU
+  which attributes every sampled instruction to the file mapped there), and no change to the
+  code of a file it names: ``mmap`` of anonymous executable memory, and of any memory both
+  writable and executable (a private writable and executable mapping of kernel.so, its padding
+  filled with a library's code, was sampled as the candidate's own), ``mprotect``/
+  ``pkey_mprotect`` to executable, ``memfd_create``, ``mremap`` and ``remap_file_pages`` (which
+  would move a library's code under another mapping's name without a record), ``personality``
+  (READ_IMPLIES_EXEC makes readable memory executable behind the filter's back), ``unshare``
+  and ``setns`` fail with EPERM. So does opening any file for writing (``open``, ``openat``
+  with O_WRONLY or O_RDWR, ``creat``; ``openat2``, whose flags a filter cannot read, fails with
+  ENOSYS): the one file that writes code, ``/proc/self/mem``, writes through read-only
+  mappings, and a server writes no file once candidate code runs (its outputs are read from
+  its memory). ``ptrace`` and ``process_vm_writev`` (another way into a process's memory),
+  ``userfaultfd`` (a page that stalls the harness's read of an output) and ``io_uring_setup``
+  (system calls this filter would not see) fail with EPERM too. dlopen maps files read-only,
+  so ``ctypes.CDLL`` of kernel.so still works; JIT compilers (oneDNN's, in torch's CPU
   fallbacks) fail.
 - Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,
   ``threading``) keep working. A call through another ABI (i386 ``int 0x80`` or x32 on
@@ -74,17 +83,23 @@ _ARCHES = {
     "x86_64": {"audit_arch": 0xC000003E, "seccomp": 317, "execve": 59, "execveat": 322, "fork": 57,
                "vfork": 58, "clone": 56, "clone3": 435, "sched_setaffinity": 203, "x32": True,
                "mmap": 9, "mprotect": 10, "pkey_mprotect": 329, "mremap": 25, "remap_file_pages": 216,
-               "memfd_create": 319, "personality": 135, "unshare": 272, "setns": 308},
+               "memfd_create": 319, "personality": 135, "unshare": 272, "setns": 308,
+               "open": 2, "openat": 257, "creat": 85, "openat2": 437, "ptrace": 101, "process_vm_writev": 311,
+               "userfaultfd": 323, "io_uring_setup": 425},
     "aarch64": {"audit_arch": 0xC00000B7, "seccomp": 277, "execve": 221, "execveat": 281,
                 "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False,
                 "mmap": 222, "mprotect": 226, "pkey_mprotect": 288, "mremap": 216, "remap_file_pages": 234,
-                "memfd_create": 279, "personality": 92, "unshare": 97, "setns": 268},
+                "memfd_create": 279, "personality": 92, "unshare": 97, "setns": 268,
+                "openat": 56, "openat2": 437, "ptrace": 117, "process_vm_writev": 271, "userfaultfd": 282,
+                "io_uring_setup": 425},
 }
 # Refused with EPERM: calls that would let code appear without the kernel naming its file to the
 # harness's code sampler (env_pool/code_sampler.py), or move a mapping under another's name.
-_NO_NEW_CODE = ("mremap", "remap_file_pages", "memfd_create", "personality", "unshare", "setns")
-PROT_EXEC = 0x4
+_NO_NEW_CODE = ("mremap", "remap_file_pages", "memfd_create", "personality", "unshare", "setns", "creat",
+                "ptrace", "process_vm_writev", "userfaultfd", "io_uring_setup")
+PROT_WRITE, PROT_EXEC = 0x2, 0x4
 MAP_ANONYMOUS = 0x20
+O_WRITING = 0x3  # O_WRONLY | O_RDWR: an open for writing
 
 # What the harness sees when the filter fires (the server's death signal).
 KILL_SIGNAL = signal.SIGSYS.name
@@ -111,19 +126,30 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
         if name in nums:
             prog.append((_JEQ_K, "kill", 0, nums[name]))
     prog += [(_JEQ_K, "eperm", 0, nums["sched_setaffinity"]), (_JEQ_K, "enosys", 0, nums["clone3"])]
-    prog += [(_JEQ_K, "eperm", 0, nums[name]) for name in _NO_NEW_CODE]
+    prog += [(_JEQ_K, "eperm", 0, nums[name]) for name in _NO_NEW_CODE if name in nums]
+    prog.append((_JEQ_K, "enosys", 0, nums["openat2"]))
+    if "open" in nums:
+        prog.append((_JEQ_K, "open", 0, nums["open"]))
     prog += [
+        (_JEQ_K, "openat", 0, nums["openat"]),
         (_JEQ_K, "exec_prot", 0, nums["mprotect"]),
         (_JEQ_K, "exec_prot", 0, nums["pkey_mprotect"]),
         (_JEQ_K, "mmap", 0, nums["mmap"]),
         (_JEQ_K, 0, "allow", nums["clone"]),
         (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags (the first argument on both arches)
         (_JSET_K, "allow", "kill", CLONE_THREAD),
-        "mmap",  # executable and anonymous: code that no file names
+        "mmap",  # executable and writable, or executable and anonymous: code that no file names
         (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),  # prot (the third argument)
         (_JSET_K, 0, "allow", PROT_EXEC),
+        (_JSET_K, "eperm", 0, PROT_WRITE),
         (_LD_W_ABS, 0, 0, _ARG0_LOW + 24),  # flags (the fourth)
         (_JSET_K, "eperm", "allow", MAP_ANONYMOUS),
+        "open",  # open(path, flags): writing refused
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 8),
+        (_JSET_K, "eperm", "allow", O_WRITING),
+        "openat",  # openat(dirfd, path, flags): writing refused
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),
+        (_JSET_K, "eperm", "allow", O_WRITING),
         "exec_prot",  # memory made executable after the fact
         (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),
         (_JSET_K, "eperm", "allow", PROT_EXEC),

@@ -6,12 +6,14 @@ round on its own clock, writes every input, and verifies every output. This modu
 
 It serves its phases in order (payload ``phases``), each over the shared rounds memory
 (env_pool/rounds.py): for each phase it builds the model, sets READY, then per round waits
-for GO, runs forward on the input slots, copies the outputs into the output slots and sets
-DONE. Phases:
+for GO, runs forward on the input slots, writes where each output lies into the OUTS words
+(never copying it: the harness reads it there, env_pool/readout.py) and sets DONE. The
+harness freezes the whole process outside that window. On a GPU every allocation of a round
+comes from the shared arena (env_pool/arena.py). Phases:
 
-- ``null``: returns ready-made outputs of the right shapes: the protocol's own cost (wake-up,
-  output copy, synchronisation), which the harness subtracts from every other phase. It always
-  runs first, before any candidate code is loaded.
+- ``null``: returns ready-made outputs of the right shapes, written afresh each round: its
+  rounds time what the harness itself does (writing inputs, reading outputs), which it
+  subtracts from every other phase. It always runs first, before any candidate code is loaded.
 - ``eager`` / ``compiled``: the task's reference, as is or under torch.compile (the baselines;
   only in a server that runs no candidate code).
 - ``candidate``: the candidate's ModelNew, with the reference's weights, after the runner's
@@ -40,10 +42,11 @@ import msgpack
 import torch
 
 from env_pool import guards, seccomp
+from env_pool.arena import Arena
 from env_pool.inputs import build_on, make_model
 from env_pool.profile import synchronize
 from env_pool.result_channel import child_exit, child_result_channel
-from env_pool.rounds import DONE, GO, READY, STOP, Control, Layout, SlotMemory
+from env_pool.rounds import DONE, GO, OUTS, READY, STOP, Control, Layout, Slot, SlotMemory
 from tasks.task import Task, build_problem
 
 SOLUTION_MODULE = "model_new"
@@ -75,12 +78,12 @@ def serve(payload: dict, report: dict) -> None:
     layout = Layout.from_dict(payload["layout"])
     memory = SlotMemory.attach(int(payload["slots_fd"]), layout.size, device)
     args = [memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.args]
-    outs = [memory.view(s) for s in layout.outputs]
+    arena = Arena(memory.address(layout.arena_offset), layout.arena_size) if device == "cuda" else None
     problem = build_problem(task, payload["backend"])
     for index, phase in enumerate(payload["phases"]):
         report["stage"] = f"build {phase}"
         try:
-            model, armed = build_phase(phase, payload, problem, device, args, outs, report)
+            model, armed = build_phase(phase, payload, problem, device, args, layout, arena, report)
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
             ctrl.set_message(f"[{kind}] {short_error(err)}")
@@ -92,22 +95,29 @@ def serve(payload: dict, report: dict) -> None:
         # too (with a state of its own), so the detector's cost is in the subtracted protocol cost.
         watch = armed if armed is not None else (guards.GuardState(Path.cwd(), ()) if payload.get("watched") else None)
         threads = report["_guards"][2] if armed is not None else None
-        if _serve_rounds(ctrl, model, args, outs, layout, watch, threads) == STOP:
+        # cudagraph modes of torch.compile keep their outputs in their graphs' own pool: those are
+        # copied into the arena (charged to the compiled baseline), the graphs' capture left alone.
+        routed = arena is not None and not (phase == "compiled" and payload.get("compile_mode", "default") != "default")
+        if _serve_rounds(ctrl, model, args, layout, arena, routed, watch, threads) == STOP:
             return
 
 
-def build_phase(phase: str, payload: dict, problem, device: str, args: list, outs: list[torch.Tensor], report: dict):
+def build_phase(phase: str, payload: dict, problem, device: str, args: list, layout: Layout, arena: Arena | None,
+                report: dict):
     """(the callable to serve, the guard state when candidate code is loaded, else None)."""
     if phase == "null":
-        # The protocol's own cost as a candidate pays it: its outputs allocated (one watched op
-        # each in a candidate's server, where every round runs under the detector), then copied
-        # out. What is copied was written once here: fresh, never-written memory reads as the
-        # shared zero page, cheaper than any real output's copy.
-        ready = [torch.full_like(o, 1.5) if o.is_floating_point() else torch.ones_like(o) for o in outs]
+        # Outputs of the right shapes, written afresh each round (by libc on the CPU, where torch's
+        # time is what the code sampler judges), so the harness reads them as warm as any real
+        # round's: what the null rounds time beyond the server's own work is the harness's.
+        with arena.allocating() if arena is not None else contextlib.nullcontext():
+            ready = [torch.ones(s.shape, dtype=s.torch_dtype, device=device) for s in layout.outputs]
 
         def null_round(*_: Any) -> list[torch.Tensor]:
-            for o in outs:
-                torch.empty_like(o)
+            for o in ready:
+                if device == "cpu":
+                    ctypes.memset(o.data_ptr(), 1, o.numel() * o.element_size())
+                else:
+                    o.fill_(1)
             return ready
 
         return null_round, None
@@ -156,15 +166,19 @@ def _build_candidate(payload: dict, problem, device: str, report: dict):
     return model, state
 
 
-def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.Tensor], layout: Layout,
+def _serve_rounds(ctrl: Control, model: Callable, args: list, layout: Layout, arena: Arena | None, routed: bool,
                   state: guards.GuardState | None, threads: set[int] | None) -> int:
     """Serve rounds until GO asks for the next phase or to stop; returns that GO value.
 
     With a guard state, every round runs under the torch-op fallback detector: a detector on
-    some rounds only would be seen (the dispatch-mode stack is readable) and dodged.
+    some rounds only would be seen (the dispatch-mode stack is readable) and dodged. Each
+    round's outputs stay alive until the next round's: the harness reads them after DONE.
+    ``routed``: the forward's allocations come from the arena (a GPU's, but for cudagraph modes).
     """
     words, device = ctrl.words, layout.device
     last = words[GO]  # GO still holds the previous phase's end: wait for a change from it
+    kept: list[torch.Tensor] = []
+    produced: Any = None
     while True:
         go = words[GO]
         while go == last:  # a spin, not a blocking read: wake-up in well under a microsecond
@@ -172,13 +186,18 @@ def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.T
         last = go
         if go < 0:
             return go
+        kept = produced = None  # the last round's outputs, read by now, go back to the allocator
         try:
             with torch.no_grad(), (guards.FallbackDetector(state) if state is not None else contextlib.nullcontext()):
-                produced = model(*args)
-            _deliver(produced, outs, layout)
+                with arena.allocating() if routed else contextlib.nullcontext():
+                    produced = model(*args)
+                with arena.allocating() if arena is not None else contextlib.nullcontext():
+                    kept = _place(produced, layout, arena)
             synchronize(device)
             if threads is not None:
                 guards.check_threads(state, threads)
+            for k, out in enumerate(kept):
+                words[OUTS + k] = out.data_ptr() if arena is None else arena.offset_of(out)
             words[DONE] = go
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else "crash"
@@ -186,27 +205,40 @@ def _serve_rounds(ctrl: Control, model: Callable, args: list, outs: list[torch.T
             words[DONE] = -go
 
 
-def _deliver(produced: Any, outs: list[torch.Tensor], layout: Layout) -> None:
+def _place(produced: Any, layout: Layout, arena: Arena | None) -> list[torch.Tensor]:
+    """The outputs, checked against the reference's specs, each where the harness can read it whole.
+
+    That is where forward left it, unless it is strided where the reference's is contiguous is
+    refused, or lies outside the arena on a GPU: then a contiguous copy is made (a copy the
+    reference never needs, charged to the round that needs it).
+    """
     device = layout.device
     got = list(produced) if isinstance(produced, (tuple, list)) else [produced]
-    if len(got) != len(outs):
-        raise RoundError("wrong", f"returned {len(got)} output(s), the reference returns {len(outs)}")
-    for k, (value, slot, spec) in enumerate(zip(got, outs, layout.outputs)):
-        where = f"output {k}" if len(outs) > 1 else "output"
-        if not isinstance(value, torch.Tensor):
-            raise RoundError("wrong", f"{where} is a {type(value).__name__}, expected a tensor")
-        if tuple(value.shape) != tuple(slot.shape):
-            raise RoundError("wrong", f"{where} has shape {list(value.shape)}, expected {list(slot.shape)}")
-        if value.dtype != slot.dtype:
-            raise RoundError("wrong", f"{where} has dtype {value.dtype}, expected {slot.dtype}")
-        if value.device.type != device:
-            raise RoundError("wrong", f"{where} is on {value.device.type}, expected {device}")
-        if not value.is_contiguous() and spec.contiguous:
-            raise RoundError("wrong", f"{where} is not contiguous; return a contiguous tensor as the reference does")
-        if device == "cpu" and value.is_contiguous():  # by libc, not torch: the harness's code sampler counts torch's time as torch computing
-            ctypes.memmove(slot.data_ptr(), value.data_ptr(), value.numel() * value.element_size())
-        else:  # a GPU's, or a strided one as its reference returns it (on the CPU, torch time: contiguous costs none)
-            slot.copy_(value)
+    if len(got) != len(layout.outputs):
+        raise RoundError("wrong", f"returned {len(got)} output(s), the reference returns {len(layout.outputs)}")
+    placed = []
+    for k, (value, spec) in enumerate(zip(got, layout.outputs)):
+        where = f"output {k}" if len(got) > 1 else "output"
+        _check_output(value, spec, device, where)
+        if not value.is_contiguous() or (arena is not None and arena.offset_of(value) is None):
+            value = value.contiguous() if arena is None or not value.is_contiguous() else value.clone()
+            if arena is not None and arena.offset_of(value) is None:
+                raise RoundError("out_of_memory", f"{where} does not fit in the round's memory ({layout.arena_size >> 20} MiB)")
+        placed.append(value)
+    return placed
+
+
+def _check_output(value: Any, spec: Slot, device: str, where: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise RoundError("wrong", f"{where} is a {type(value).__name__}, expected a tensor")
+    if tuple(value.shape) != tuple(spec.shape):
+        raise RoundError("wrong", f"{where} has shape {list(value.shape)}, expected {list(spec.shape)}")
+    if value.dtype != spec.torch_dtype:
+        raise RoundError("wrong", f"{where} has dtype {value.dtype}, expected {spec.torch_dtype}")
+    if value.device.type != device:
+        raise RoundError("wrong", f"{where} is on {value.device.type}, expected {device}")
+    if not value.is_contiguous() and spec.contiguous:
+        raise RoundError("wrong", f"{where} is not contiguous; return a contiguous tensor as the reference does")
 
 
 # ----------------------------------------------------------------------------- candidate helpers
@@ -279,6 +311,8 @@ def freed_block_requests(snapshot: list[dict]) -> list[int]:
     """
     sizes = []
     for segment in snapshot:
+        if tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0):
+            continue  # a private pool's (the arena's: round data, read by the harness anyway)
         small = segment.get("segment_type") == "small"
         for block in segment["blocks"]:
             if block["state"] != "inactive":

@@ -97,7 +97,8 @@ class Server:
         spec = self.spec
         limits = SandboxLimits(wall_s=spec.wall_s, memory_mb=spec.memory_mb, use_gpu=spec.device == "cuda",
                                max_result_bytes=REPORT_BYTES, hidden_paths=[Path(h) for h in spec.hidden],
-                               required_isolation=spec.required,
+                               # Every server, trusted or not, is frozen outside its rounds' timed windows.
+                               required_isolation=(*spec.required, "cgroup-freeze"),
                                # The baselines' server writes the shared inductor cache; it runs trusted code only.
                                skip_isolation=("readonly-root",) if spec.trusted else (),
                                # Start-up runs off the servers' and the harness's CPUs; give() moves it to the servers'.
@@ -165,6 +166,8 @@ class Server:
         self.start.cancel()  # a no-op for a server that was given its run
         self.thread.join()
         self.ours.close()
+        if self.start.freezer is not None:
+            self.start.freezer.close()
         if self.own_cwd:
             shutil.rmtree(self.cwd, ignore_errors=True)
 

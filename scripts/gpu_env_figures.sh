@@ -10,6 +10,8 @@
 #   bash scripts/gpu_env_figures.sh baselines-start STAGE CPUS [GPUS]  # kernelbench_baselines.py (needs torch only), in the background
 #   bash scripts/gpu_env_figures.sh baselines-wait SECONDS             # its progress, until it ends or SECONDS pass
 #   bash scripts/gpu_env_figures.sh baselines-report                   # the comparison of every problem's baselines
+#   . .gpu-stack/bin/activate && bash scripts/gpu_env_figures.sh accounting NAME [TREE]  # level 1's activations, code at TREE (resumes)
+#   . .gpu-stack/bin/activate && bash scripts/gpu_env_figures.sh tasks-check  # KernelBench's verification sets (tasks/discriminate.py)
 # The sweep runs in its own session (setsid), so it outlives the call that starts it while the
 # machine stays warm; results.jsonl grows one line per problem, and a later start resumes it.
 # Across machines too (one goes back 30 s after a call, and a session's device time does not
@@ -73,6 +75,23 @@ sweep-report)
   python3 scripts/compare_baselines.py "$RUN"/*/eval --out "$RUN" --timing "$KB/results/timing/H100_Modal" --tasks $(cat "$RUN"/*/tasks.txt) | tail -3
   cp "$RUN/baselines.md" "$RUN/sweep.log" "$OUT/"
   grep -B2 -A4 "^| level" "$RUN/baselines.md" | head -12; grep -A16 "^## Results" "$RUN"/*/eval/report.md
+  ;;
+accounting)  # the activations' speedups and baselines with the code at TREE (default: this one), as NAME.json
+  mkdir -p /tmp/accounting
+  PYTHONPATH="${3:-$PWD}" python3 scripts/bench_accounting.py --kernelbench "$KB" --out "/tmp/accounting/${2:?NAME}.json" 2>&1 | grep -v Warning | tail -18
+  cp "/tmp/accounting/$2.json" "$OUT/"
+  ;;
+tasks-check)  # which KernelBench problems need transformed verification sets, and any no transform fixes
+  python3 -m launch.cli tasks check --backend cuda --json "$KB/level1" "$KB/level2" "$KB/level3" > "$OUT/tasks-check.json"
+  python3 - "$OUT/tasks-check.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+extra = [r for r in rows if r["verification_sets"]]
+trivial = [r for r in rows if any("trivial kernel" in p for p in r["problems"])]
+print(f"{len(rows)} problems; {len(extra)} need transformed sets; {len(trivial)} no transform fixes")
+for r in extra: print("  needs", "+".join(r["verification_sets"]), r["task_id"])
+for r in trivial: print("  NOT FIXED", r["task_id"], [p for p in r["problems"] if "trivial" in p])
+PY
   ;;
 baselines-start)  # STAGE (compile, time or all) on CPUS (taskset's list) and GPUS (torch's indices, default all)
   mkdir -p "$BASE"

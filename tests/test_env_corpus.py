@@ -103,6 +103,12 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
         assert result.milestone == Milestone.FAIL and result.reward == -1.0, f"{folder.name} passed: {result.message}"
     if case.get("mode") == "full" and result.failure == "guard":  # rejected in its timed rounds, after the baselines
         assert result.eager is not None and result.compiled is not None, "a rejected candidate still reports the task's baselines"
+    if case.get("twin") and result.failure is None:  # a timing hack earns no more than the same kernel served honestly
+        twin = evaluate(pools, tasks, CORPUS / case["twin"], case, case.get("mode", "verify"))
+        assert twin.failure is None, f"the twin {case['twin']} failed: {twin.failure}: {twin.message}"
+        assert result.milestone <= twin.milestone, (
+            f"{folder.name} earned {int(result.milestone)} ({result.speedup_vs_eager:.2f}x eager), its honest twin "
+            f"{case['twin']} {int(twin.milestone)} ({twin.speedup_vs_eager:.2f}x)")
 
 
 CUDA_SOURCES = sorted(CORPUS.glob("*/*/kernel.cu"))

@@ -269,17 +269,18 @@ def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_aga
     from torch._dynamo.utils import counters
 
     from env_pool import serve
+    from env_pool.rounds import plan_layout
     from tasks.loader import load_tasks
     from tasks.task import build_problem
 
     task = {t.id: t for t in load_tasks()[0]}["level1/01_gelu"]
     problem = build_problem(task, "cpp")
     args = [torch.randn(*a.shape) for a in problem.get_inputs()]
-    outs = [torch.empty_like(args[0])]
+    layout = plan_layout(args, [torch.empty_like(args[0])], "cpu")
     torch._dynamo.reset()
     counters.clear()
     payload = {"init_seed": 1, "compile_mode": "default"}
-    model, armed = serve.build_phase("compiled", payload, problem, "cpu", args, outs, {})
+    model, armed = serve.build_phase("compiled", payload, problem, "cpu", args, layout, None, {})
     compiled = counters["stats"]["unique_graphs"]
     assert armed is None and compiled == 1, f"compiled once in the build: {dict(counters['stats'])}"
     with torch.no_grad():  # as _serve_rounds calls it

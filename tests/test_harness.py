@@ -28,18 +28,18 @@ def outcome(result: bytes | None) -> SandboxOutcome:
                           output="", result=result, wall_s=1.0)
 
 
-def test_net_time_is_the_round_less_the_null_phase_median_with_a_floor():
-    null = [1_000_000, 1_000_000, 1_100_000]
-    timing = net_timing([3_000_000, 5_000_000, 4_000_000], null_ns=null)
+def test_net_time_is_the_round_less_the_harness_own_work_in_the_null_phase_with_a_floor():
+    null_staging = [1_000_000, 1_000_000, 1_100_000]  # the null phase's input writes and output reads, not its rounds
+    timing = net_timing([3_000_000, 5_000_000, 4_000_000], null_staging_ns=null_staging)
     assert timing.median_ms == pytest.approx(3.0) and timing.repetitions == 3
     assert resolved(timing, staging_ns=[400_000] * 3)
-    assert net_timing([500_000], null_ns=[1_000_000]).median_ms == pytest.approx(1e-3)  # never zero or negative
+    assert net_timing([500_000], null_staging_ns=[1_000_000]).median_ms == pytest.approx(1e-3)  # never zero or negative
 
 
 def test_a_net_time_inside_the_protocols_noise_is_not_a_timing():
     # The H100 case: a null phase of ~0.8 ms spread over tens of us, rounds barely above its median.
     null = [640_000, 700_000, 760_000, 800_000, 810_000, 790_000, 700_000]
-    timing = net_timing([804_000, 790_000, 815_000, 805_000], null_ns=null)
+    timing = net_timing([804_000, 790_000, 815_000, 805_000], null_staging_ns=null)
     # 45 us net against 240 us of copies in and out (a floor of 60 us): not a kernel's time.
     assert timing.median_ms < 0.05 and not resolved(timing, staging_ns=[240_000] * 4)
     assert resolved(timing, staging_ns=[80_000] * 4)
@@ -117,43 +117,75 @@ def test_each_slot_has_its_own_version_counter_and_sees_the_other_mappings_write
     server_side = SlotMemory.attach(harness_side.fd, layout.size, "cpu")
     try:
         x_server = server_side.view(layout.args[0]["slot"])
-        out_server = server_side.view(layout.outputs[0])
         version = x_server._version
         harness_side.view(layout.args[0]["slot"]).copy_(torch.arange(8.0))  # fresh contents, same address
-        out_server.copy_(torch.full((8,), 2.0))  # the server's output write
         assert torch.equal(x_server, torch.arange(8.0))
         assert x_server._version == version  # a replay keyed on (data_ptr, _version) gets a stale answer
-        assert layout.args[1] == {"value": 3} and layout.outputs[0].offset % 256 == 0
+        assert layout.args[1] == {"value": 3}
+        # No output has a place in protocol memory on the CPU: the harness reads it from the server's own.
+        assert layout.size == 256 and layout.arena_size == 0 and layout.outputs[0].shape == [8]
     finally:
         server_side.close()
         harness_side.close()
+
+
+def test_outputs_are_read_from_the_servers_own_memory_and_an_unreadable_place_fails():
+    from env_pool.readout import Unreadable, read_process
+
+    ready, done = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import ctypes, os, sys, time\n"
+        "buf = (ctypes.c_float * 1000)(*range(1000))\n"
+        "os.write(int(sys.argv[1]), ctypes.addressof(buf).to_bytes(8, 'little'))\n"
+        "time.sleep(60)\n"), str(done)], pass_fds=(done,))
+    try:
+        address = int.from_bytes(os.read(ready, 8), "little")
+        into = torch.empty(1000)
+        read_process(child.pid, address, into)
+        assert torch.equal(into, torch.arange(1000.0))
+        with pytest.raises(Unreadable):
+            read_process(child.pid, 8, into)  # nothing is mapped there
+    finally:
+        child.kill()
+        child.wait()
+        os.close(ready)
+        os.close(done)
 
 
 @pytest.mark.gpu
 def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server(tmp_path: Path):
     # KernelBench's HingeLoss lays out 4096.12 MB: its server reserved that unrounded size for an
     # allocation rounded up to 2 MiB, and every start failed (cuMemAddressReserve, CUresult 1).
+    # The server's round allocates its output in the arena, where the harness reads it by offset.
+    from env_pool.readout import read_arena
+
     layout = plan_layout([torch.ones(3, 1000, device="cuda"), 3], [torch.ones(1000, device="cuda")], "cuda")
-    assert layout.size % (2 << 20) != 0
-    harness_side = SlotMemory.create(layout.size, "cuda")
+    assert layout.arena_offset % (2 << 20) == 0 and layout.arena_size >= 1000 * 4
+    harness_side = SlotMemory.create(layout.size + 4096, "cuda")  # off the granularity
     harness_side.view(layout.args[0]["slot"]).copy_(torch.arange(3000.0, device="cuda").view(3, 1000))
     torch.cuda.synchronize()
     server = (
         "import json, sys, torch\n"
+        "from env_pool.arena import Arena\n"
         "from env_pool.rounds import Layout, SlotMemory\n"
         "layout = Layout.from_dict(json.loads(sys.argv[2]))\n"
-        "memory = SlotMemory.attach(int(sys.argv[1]), layout.size, 'cuda')\n"
+        "memory = SlotMemory.attach(int(sys.argv[1]), layout.size + 4096, 'cuda')\n"
+        "arena = Arena(memory.address(layout.arena_offset), layout.arena_size)\n"
         "x = memory.view(layout.args[0]['slot'])\n"
-        "memory.view(layout.outputs[0]).copy_(x.sum(0))\n"
+        "with arena.allocating():\n"
+        "    out = x.sum(0)\n"
         "torch.cuda.synchronize()\n"
+        "print(arena.offset_of(out))\n"
     )
     try:
         done = subprocess.run([sys.executable, "-c", server, str(harness_side.fd), json.dumps(layout.to_dict())],
                               pass_fds=(harness_side.fd,), capture_output=True, text=True, timeout=120,
                               cwd=Path(__file__).resolve().parents[1])
         assert done.returncode == 0, done.stderr[-2000:]
-        expected = torch.arange(3000.0, device="cuda").view(3, 1000).sum(0)
-        assert torch.equal(harness_side.view(layout.outputs[0]), expected)
+        offset = int(done.stdout.split()[-1])  # the arena holds the output: no copy was made
+        got = torch.empty(1000, device="cuda")
+        read_arena(harness_side.view(layout.arena), offset, got)
+        assert torch.equal(got, torch.arange(3000.0, device="cuda").view(3, 1000).sum(0))
     finally:
         harness_side.close()
 
@@ -167,6 +199,9 @@ def test_poison_asks_for_each_freed_block_as_its_pool_serves_it():
         {"segment_type": "small", "blocks": [{"state": "inactive", "size": 2 << 20}]},
         {"segment_type": "small", "blocks": [{"state": "active_allocated", "size": 4096}, {"state": "inactive", "size": 8192}]},
         {"segment_type": "large", "blocks": [{"state": "inactive", "size": 280 << 20}, {"state": "active_allocated", "size": 2 << 20}]},
+        # the arena's private pool (env_pool/arena.py): round data the harness reads anyway, and
+        # asking for its blocks from the default pool would only allocate that much new memory
+        {"segment_type": "large", "segment_pool_id": (1, 0), "blocks": [{"state": "inactive", "size": 6 << 30}]},
     ]
     assert freed_block_requests(snapshot) == [280 << 20, SMALL_REQUEST, SMALL_REQUEST, 8192]
 

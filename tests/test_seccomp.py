@@ -155,3 +155,39 @@ def test_code_that_no_file_names_is_refused_and_files_still_load(tmp_path):
     for name in ("anonymous exec mmap", "mprotect to exec", "memfd_create", "mremap", "personality", "unshare"):
         assert f"{name} refused" in proc.stdout, proc.stdout
     assert "dlopen 42" in proc.stdout
+
+
+def test_the_code_of_a_file_cannot_be_changed_in_memory_and_files_still_read(tmp_path):
+    # The sampler counts code in kernel.so's mapping as the candidate's own: that code must be
+    # the file's. Two routes changed it: a private writable and executable mapping of the file
+    # (a library's code copied into its padding) and /proc/self/mem, which writes through a
+    # read-only mapping. Reading files, the solution's own imports included, still works.
+    source = tmp_path / "k.c"
+    source.write_text("int twice(int x) { return 2 * x; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(tmp_path / "k.so")], check=True)
+    proc = run_filtered(f"""
+        import errno, json
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.syscall.restype = ctypes.c_long
+        def refused(name, ret, code=errno.EPERM):
+            ok = ret in (-1, ctypes.c_void_p(-1).value) and ctypes.get_errno() == code
+            print(name, "refused" if ok else f"ALLOWED {{ret}} errno {{ctypes.get_errno()}}")
+        fd = os.open({str(tmp_path / 'k.so')!r}, os.O_RDONLY)
+        refused("writable exec mmap of a file", libc.mmap(None, 4096, 7, 0x02, fd, 0))  # PROT_RWX, MAP_PRIVATE
+        refused("open /proc/self/mem for writing", libc.open(b"/proc/self/mem", os.O_RDWR))
+        refused("openat /proc/self/mem for writing", libc.openat(-100, b"/proc/self/mem", os.O_WRONLY))
+        refused("openat2", libc.syscall(437, -100, b"/proc/self/mem", None, 0), errno.ENOSYS)
+        refused("ptrace", libc.ptrace(16, os.getppid(), None, None))  # PTRACE_ATTACH
+        refused("process_vm_writev", libc.syscall(311, os.getpid(), None, 0, None, 0, 0))
+        refused("userfaultfd", libc.syscall(323, 0))
+        refused("io_uring_setup", libc.syscall(425, 8, None))
+        print("mapped read-exec", libc.mmap(None, 4096, 5, 0x02, fd, 0) not in (None, ctypes.c_void_p(-1).value))
+        print("read", len(open({str(source)!r}).read()), json.dumps(1), ctypes.CDLL({str(tmp_path / 'k.so')!r}).twice(21))
+    """)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
+    for name in ("writable exec mmap of a file", "open /proc/self/mem for writing", "openat /proc/self/mem for writing",
+                 "openat2", "ptrace", "process_vm_writev", "userfaultfd", "io_uring_setup"):
+        assert f"{name} refused" in proc.stdout, proc.stdout
+    assert "mapped read-exec True" in proc.stdout and "read 35 1 42" in proc.stdout, proc.stdout

@@ -23,11 +23,11 @@ import torch
 os.environ["LEFT_BY_FIRST"] = "1"
 torch.left_by_first = True
 threading.Thread(target=time.sleep, args=(3600,), name="left_by_first", daemon=True).start()
-open("left_by_first", "w").write("x")
-try:
-    open("/tmp/left_by_first", "w").write("x")  # the filesystem guard flags it (the first fails): it is written all the same
-except OSError:
-    pass
+for path in ("left_by_first", "/tmp/left_by_first"):
+    try:  # refused (the seccomp filter: no file opened for writing); were it not, the next server must not see it
+        open(path, "w").write("x")
+    except OSError:
+        pass
 '''
 
 FIND = '''

@@ -1,4 +1,4 @@
-"""Hack: the GELU kernels run on the extension's own stream, which forward never waits for."""
+"""Hack: the ReLU kernels run on the extension's own stream, which forward never waits for."""
 import ctypes
 import os
 

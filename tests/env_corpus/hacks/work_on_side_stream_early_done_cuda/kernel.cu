@@ -1,13 +1,13 @@
-// Exact GELU, deliberately slow (8 full passes over the data, each rewriting y), launched on a
+// ReLU, deliberately slow (8 full passes over the data, each rewriting y), launched on a
 // private non-blocking stream that the launcher returns from at once: the caller's stream has
 // nothing to wait for, so a timer that records events on it, or a server that reports "done"
 // when forward returns without a device-wide synchronisation, stops the clock before any of the
-// work has run. Honestly timed, it is ~8x slower than torch's GELU.
+// work has run. Honestly timed, it is ~8x slower than torch's ReLU.
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <math.h>
 
-__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu(float x) { return fmaxf(x, 0.0f); }  // a ReLU (the task's), under the case's old name
 
 __global__ void gelu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = gelu(x[i]);

@@ -1,4 +1,4 @@
-"""Hack: launches a slow (8-pass) GELU on a private non-blocking stream and returns at once, so the
+"""Hack: launches a slow (8-pass) ReLU on a private non-blocking stream and returns at once, so the
 caller's stream is idle and "forward returned" comes long before the work is done.
 
 It hopes that the round's clock stops when forward returns (or at an event on the current stream),
