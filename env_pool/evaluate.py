@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool import cuda_arch, inline_pch
+from env_pool import cuda_arch, host_pressure, inline_pch
 from env_pool.code_sampler import EXTENSIONS, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
@@ -248,7 +248,13 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
             result.compile_s = time.perf_counter() - begin
             result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
             kind = "timeout" if outcome.timed_out else "compile_error"
-            return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
+            why = payload.get('error') or outcome.failure
+            if outcome.failure in ("timeout", "out_of_memory"):  # the build's limits, or the machine's shortage?
+                machine = await asyncio.to_thread(host_pressure.note, split_cpus(int(ctx.cfg.threads)).builds,
+                                                  cpu=outcome.failure == "timeout")
+                if machine:
+                    kind, why = "infra", f"{why}, but the fault is the machine's: {machine}"
+            return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {why}")
         _store(scratch / EXTENSIONS, cached)
     result.compile_s = time.perf_counter() - begin
     # What the build left is the candidate's own code from here on (and only what it left now).

@@ -26,6 +26,8 @@ from typing import Any
 
 import msgpack
 
+from env_pool import host_pressure
+
 COMMAND = [sys.executable, "-m", "env_pool.harness", "--serve"]
 MAX_FRAME = 256 << 20  # a verdict is kilobytes; anything near this is a broken harness
 IDLE_END_S = 3.0  # after its worker is gone, how long a harness may take to end by itself before it is killed
@@ -55,8 +57,12 @@ class HarnessProcess:
             except (HarnessGone, OSError, ValueError) as err:
                 exit_code = self.proc.poll() if self.proc is not None else None
                 self.close()
-                return {"ok": False, "failure": "infra",
-                        "message": f"the harness failed ({err}; exit {exit_code}); see {self.log_path}"}
+                # A harness that hung or died on a machine out of memory or CPUs: say so, here and in its log.
+                machine = host_pressure.note(payload.get("cpus") if isinstance(payload, dict) else None)
+                why = f"{err}; exit {exit_code}" + (f"; the machine: {machine}" if machine else "")
+                with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                    log.write(f"{time.strftime('%H:%M:%S')} worker: the harness failed ({why})\n")
+                return {"ok": False, "failure": "infra", "message": f"the harness failed ({why}); see {self.log_path}"}
 
     def _start(self) -> None:
         self.close()
