@@ -98,6 +98,11 @@ class EvalContext:
                                            {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         return self._harness
 
+    def close(self) -> None:
+        """End the harness (and its servers) if it was started; the next evaluation starts another."""
+        if self._harness is not None:
+            self._harness.close()
+
     @property
     def compile_slots(self) -> asyncio.Semaphore:
         """At most env.compile_workers compiles at once (0: one per CPU left for builds); the rest wait.
