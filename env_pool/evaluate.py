@@ -253,7 +253,7 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
             result.compile_s = time.perf_counter() - begin
             result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
             kind = "timeout" if outcome.timed_out else "compile_error"
-            why = payload.get('error') or outcome.failure
+            why = payload.get('error') or f"{outcome.failure} ({outcome.signal_name or f'exit {outcome.returncode}'})"
             if outcome.failure in ("timeout", "out_of_memory"):  # the build's limits, or the machine's shortage?
                 machine = await asyncio.to_thread(host_pressure.note, split_cpus(int(ctx.cfg.threads)).builds,
                                                   cpu=outcome.failure == "timeout")
