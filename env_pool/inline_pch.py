@@ -69,6 +69,8 @@ def ready_dir(root: Path, backend: str, cpus: list[int] | None = None) -> Path |
     except Exception:  # a torch whose private ninja writer changed: no PCH, builds as before
         return None
     folder = root.expanduser() / key
+    with _lock:  # a job this process started, and that has ended, is reaped here (not left a zombie)
+        _jobs[:] = [job for job in _jobs if job.poll() is None]
     if (folder / "ok").exists():
         return folder
     if not (folder / "failed").exists():
@@ -105,7 +107,7 @@ def start_job(folder: Path, compiler: str, flags: list[str], cpus: list[int] | N
             job = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    pass_fds=(lock,), start_new_session=True, cwd=folder.parent)
         with _lock:
-            _jobs[:] = [j for j in _jobs if j.poll() is None] + [job]  # reaped once they end
+            _jobs.append(job)
         return True
     finally:
         os.close(lock)  # the lock stays held: the job has the same open file
@@ -188,8 +190,9 @@ def _build_locked(folder: Path, compiler: str, flags: list[str], header: Path, c
         (folder / "failed").write_text(why)
         _say(f"failed: {why.splitlines()[0]}")
         return False
-    for scrap in (staging / "tmp", *staging.glob("*.checked")):  # the sandbox's TMPDIR, the resumption marks
-        shutil.rmtree(scrap, ignore_errors=True) if scrap.is_dir() else scrap.unlink()
+    shutil.rmtree(staging / "tmp", ignore_errors=True)  # the sandbox's TMPDIR
+    for mark in staging.glob("*.checked"):
+        mark.unlink()
     (staging / "ok").write_text("checked: every variant is used by a load_inline-flagged probe\n")
     os.rename(staging, folder)
     _say(f"ok: {folder}")
@@ -229,11 +232,12 @@ def _build_variants(staging: Path, compiler: str, flags: list[str], header: Path
 def _run(cmd: list[str], cwd: Path, cpus: list[int] | None, extra_env: dict[str, str] | None = None) -> SandboxOutcome:
     """A compiler run in the sandbox, for its PID namespace: the compiler's whole tree (the driver's
     ``cc1plus`` too, which a PR_SET_PDEATHSIG on the driver never reached) dies with this job,
-    however the job ends. Off the timed CPUs where there are others; the job's own nice 19 is inherited."""
+    however the job ends; a machine without one gets no header (SandboxError), never a build that
+    could be orphaned. Off the timed CPUs where there are others; the job's own nice 19 is inherited."""
     # Only the folder being checked on CPATH; the worker's PATH, so ``c++`` is the compiler load_inline finds.
     env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C", "LC_ALL": "C", **(extra_env or {})}
     limits = SandboxLimits(wall_s=BUILD_TIMEOUT_S, memory_mb=BUILD_MEMORY_MB, max_file_mb=BUILD_FILE_MB,
-                           max_output_chars=BUILD_OUTPUT_CHARS, cpus=tuple(cpus or ()))
+                           max_output_chars=BUILD_OUTPUT_CHARS, cpus=tuple(cpus or ()), required_isolation=("pidns",))
     return run_sandboxed(cmd, b"", cwd, limits, env=env, inherit_env=False)
 
 
