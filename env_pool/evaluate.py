@@ -181,6 +181,7 @@ async def measure_baselines(ctx: EvalContext, task: Task) -> Baseline | str:
         private.mkdir(parents=True, mode=0o700)
         async with ctx.timing_lane():
             verdict = await _harness(ctx, task, backend, "baselines", True, scratch, private)
+        verdict = await asyncio.to_thread(machine_at_fault, verdict, split_cpus(int(ctx.cfg.threads)).servers, ctx.harness)
     except WorkerUnhealthy as err:
         return f"this worker's device is unhealthy ({err})"
     finally:
@@ -215,6 +216,7 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
             verdict = await _harness(ctx, task, backend, mode, False, scratch, private)
         if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
+    verdict = await asyncio.to_thread(machine_at_fault, verdict, split_cpus(int(ctx.cfg.threads)).servers, ctx.harness)
     if baseline:
         verdict = keep_baselines(ctx, key, verdict)
     _judge(ctx, key, verdict, result, timed=mode == "full")
@@ -266,6 +268,27 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     for library in own_libraries(scratch):
         seal(library)
     return True
+
+
+def machine_at_fault(verdict: dict, cpus: list[int], harness: HarnessProcess | None = None) -> dict:
+    """A verdict of timeout or out of memory, read again against the machine (env_pool/host_pressure.py).
+
+    Short of memory, or its servers' CPUs held by other processes, the machine is to blame, not
+    the candidate's or the baselines' limits: the verdict becomes infra (retried), its message
+    says so with the numbers, and harness.log records it. Read once the run is over, so its own
+    processes are gone. A guard's violation stands, whatever the machine did.
+    """
+    kind = verdict.get("failure")
+    if kind not in ("timeout", "out_of_memory") or verdict.get("violations"):
+        return verdict
+    machine = host_pressure.note(cpus, cpu=kind == "timeout")
+    if not machine:
+        return verdict
+    first, _, rest = str(verdict.get("message", "")).partition("\n")
+    blamed = f"{first}, but the fault is the machine's: {machine}"
+    if harness is not None:
+        harness.record(blamed)
+    return {**verdict, "failure": "infra", "message": blamed + (f"\n{rest}" if rest else "")}
 
 
 def inline_cache(ctx, files: Mapping[str, str], backend: str) -> Path:

@@ -47,7 +47,6 @@ from typing import Any, Callable
 import msgpack
 import torch
 
-from env_pool import host_pressure
 from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, PhaseSampling, SamplerUnavailable, judge
 from env_pool.inputs import adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
@@ -408,7 +407,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
     who = name if trusted else "the candidate"  # whom a failure message blames
     log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
-                               memory_limit(rounds.payload, trusted), rounds.payload.get("cpus")) or failure
+                               memory_limit(rounds.payload, trusted)) or failure
     if failure is None and not trusted and not report["readable"]:
         failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
     if failure is not None:
@@ -420,7 +419,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[tupl
 
 
 def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool,
-                     who: str, memory_mb: int, cpus: list[int] | None = None) -> RoundsFailed | None:
+                     who: str, memory_mb: int) -> RoundsFailed | None:
     """A failure read from how the server's process ended (it beats a failed round: a kill explains it)."""
     if outcome.signal_name == KILL_SIGNAL and seccomp_on:
         reason = ("tried to start a process or run a program from native code (fork, exec or system()): "
@@ -433,11 +432,6 @@ def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFaile
         # last poll, so a kill between two polls (the cgroup's) reads below the limit.
         memory = f"ran out of memory (host limit {memory_mb} MB, highest seen {outcome.peak_memory_mb:.0f} MB)"
         what = {"timeout": "exceeded its time limit", "out_of_memory": memory}[outcome.failure]
-        # A machine short of memory, or CPUs held by others, is the machine's fault: infra, retried (issue #32).
-        machine = host_pressure.note(cpus, cpu=outcome.failure == "timeout")
-        if machine:
-            log(f"  {who} {what}, but the fault is the machine's: {machine}")
-            return RoundsFailed("infra", f"{who} {what}, but the fault is the machine's: {machine}\n{outcome.output[-1500:]}")
         return RoundsFailed(outcome.failure, f"{who} {what}\n{outcome.output[-1500:]}")
     if outcome.failure == "crash" and failure is None:
         return RoundsFailed("crash", f"the candidate crashed ({outcome.signal_name or 'exit code ' + str(outcome.returncode)})"

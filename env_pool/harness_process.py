@@ -60,9 +60,13 @@ class HarnessProcess:
                 # A harness that hung or died on a machine out of memory or CPUs: say so, here and in its log.
                 machine = host_pressure.note(payload.get("cpus") if isinstance(payload, dict) else None)
                 why = f"{err}; exit {exit_code}" + (f"; the machine: {machine}" if machine else "")
-                with contextlib.suppress(OSError), open(self.log_path, "a") as log:
-                    log.write(f"{time.strftime('%H:%M:%S')} worker: the harness failed ({why})\n")
+                self.record(f"the harness failed ({why})")
                 return {"ok": False, "failure": "infra", "message": f"the harness failed ({why}); see {self.log_path}"}
+
+    def record(self, line: str) -> None:
+        """A line of the worker's own in harness.log, beside the harness's (appended: the harness may be writing too)."""
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+            log.write(f"{time.strftime('%H:%M:%S')} worker: {line}\n")
 
     def _start(self) -> None:
         self.close()

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from env_pool import host_pressure
-from env_pool.harness import _outcome_failure
+from env_pool.evaluate import machine_at_fault
+from env_pool.harness_process import HarnessProcess
 from env_pool.host_pressure import HostState, Process
-from env_pool.sandbox import SandboxOutcome
 
 COMPILERS = (Process(4380, "cc1plus -quiet", 1706.0, 0.1), Process(4373, "cc1plus -quiet", 1690.0, 0.1))
 
@@ -60,10 +60,19 @@ def test_a_process_spinning_on_the_watched_cpu_is_found(hog):
     assert 0 < found.available_mb <= found.total_mb
 
 
-def test_a_server_timeout_while_others_hold_its_cpus_is_the_machines_fault(hog):
+def test_a_server_timeout_while_others_hold_its_cpus_is_the_machines_fault(hog, tmp_path):
     proc, cpu = hog
-    timed_out = SandboxOutcome(returncode=None, signal_name="SIGKILL", timed_out=True, out_of_memory=False,
-                               cpu_limited=False, output="", result=None, wall_s=60.0)
-    failure = _outcome_failure(timed_out, {}, None, True, "the baselines' server", 32768, [cpu])
-    assert failure.kind == "infra", failure
-    assert "exceeded its time limit, but the fault is the machine's" in str(failure) and f"(pid {proc.pid})" in str(failure)
+    harness = HarnessProcess(tmp_path / "harness.log")
+    verdict = {"ok": False, "failure": "timeout", "message": "the baselines' server exceeded its time limit\nits output"}
+    judged = machine_at_fault(verdict, [cpu], harness)
+    assert judged["failure"] == "infra", judged
+    assert judged["message"].startswith("the baselines' server exceeded its time limit, but the fault is the machine's: "
+                                        "other processes hold its CPUs"), judged["message"]
+    assert f"(pid {proc.pid})" in judged["message"] and judged["message"].endswith("\nits output")
+    assert f"(pid {proc.pid})" in (tmp_path / "harness.log").read_text(), "harness.log records it"
+
+
+def test_a_guard_violation_stands_whatever_the_machine_did(hog):
+    _, cpu = hog
+    verdict = {"ok": False, "failure": "timeout", "message": "slow", "violations": [{"guard": "tamper", "reason": "x"}]}
+    assert machine_at_fault(verdict, [cpu]) == verdict
