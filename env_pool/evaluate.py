@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool import cuda_arch, inline_pch
+from env_pool import cuda_arch, host_pressure, inline_pch
 from env_pool.code_sampler import EXTENSIONS, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
@@ -150,6 +150,11 @@ class EvalContext:
                                            {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         return self._harness
 
+    def close(self) -> None:
+        """End the harness (and its servers) if it was started; the next evaluation starts another."""
+        if self._harness is not None:
+            self._harness.close()
+
     @property
     def compile_slots(self) -> asyncio.Semaphore:
         """At most env.compile_workers compiles at once (0: one per CPU left for builds); the rest wait.
@@ -228,6 +233,7 @@ async def measure_baselines(ctx: EvalContext, task: Task) -> Baseline | str:
         private.mkdir(parents=True, mode=0o700)
         async with ctx.timing_lane():
             verdict = await _harness(ctx, task, backend, "baselines", True, scratch, private)
+        verdict = await asyncio.to_thread(machine_at_fault, verdict, split_cpus(int(ctx.cfg.threads)).servers, ctx.harness)
     except WorkerUnhealthy as err:
         return f"this worker's device is unhealthy ({err})"
     finally:
@@ -262,6 +268,7 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
             verdict = await _harness(ctx, task, backend, mode, False, scratch, private)
         if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
+    verdict = await asyncio.to_thread(machine_at_fault, verdict, split_cpus(int(ctx.cfg.threads)).servers, ctx.harness)
     if baseline:
         verdict = keep_baselines(ctx, key, verdict)
     _judge(ctx, key, verdict, result, timed=mode == "full")
@@ -300,13 +307,40 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
             result.compile_s = time.perf_counter() - begin
             result.compile_log = (payload.get("error") or "") + "\n" + outcome.output[-3000:]
             kind = "timeout" if outcome.timed_out else "compile_error"
-            return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {payload.get('error') or outcome.failure}")
+            why = payload.get('error') or f"{outcome.failure} ({outcome.signal_name or f'exit {outcome.returncode}'})"
+            if outcome.failure in ("timeout", "out_of_memory"):  # the build's limits, or the machine's shortage?
+                machine = await asyncio.to_thread(host_pressure.note, split_cpus(int(ctx.cfg.threads)).builds,
+                                                  cpu=outcome.failure == "timeout")
+                if machine:
+                    kind, why = "infra", f"{why}, but the fault is the machine's: {machine}"
+            return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {why}")
         _store(scratch / EXTENSIONS, cached)
     result.compile_s = time.perf_counter() - begin
     # What the build left is the candidate's own code from here on (and only what it left now).
     for library in own_libraries(scratch):
         seal(library)
     return True
+
+
+def machine_at_fault(verdict: dict, cpus: list[int], harness: HarnessProcess | None = None) -> dict:
+    """A verdict of timeout or out of memory, read again against the machine (env_pool/host_pressure.py).
+
+    Short of memory, or its servers' CPUs held by other processes, the machine is to blame, not
+    the candidate's or the baselines' limits: the verdict becomes infra (retried), its message
+    says so with the numbers, and harness.log records it. Read once the run is over, so its own
+    processes are gone. A guard's violation stands, whatever the machine did.
+    """
+    kind = verdict.get("failure")
+    if kind not in ("timeout", "out_of_memory") or verdict.get("violations"):
+        return verdict
+    machine = host_pressure.note(cpus, cpu=kind == "timeout")
+    if not machine:
+        return verdict
+    first, _, rest = str(verdict.get("message", "")).partition("\n")
+    blamed = f"{first}, but the fault is the machine's: {machine}"
+    if harness is not None:
+        harness.record(blamed)
+    return {**verdict, "failure": "infra", "message": blamed + (f"\n{rest}" if rest else "")}
 
 
 def inline_cache(ctx, files: Mapping[str, str], backend: str) -> Path:

@@ -26,8 +26,11 @@ from typing import Any
 
 import msgpack
 
+from env_pool import host_pressure
+
 COMMAND = [sys.executable, "-m", "env_pool.harness", "--serve"]
 MAX_FRAME = 256 << 20  # a verdict is kilobytes; anything near this is a broken harness
+IDLE_END_S = 3.0  # after its worker is gone, how long a harness may take to end by itself before it is killed
 
 
 class HarnessGone(Exception):
@@ -54,8 +57,16 @@ class HarnessProcess:
             except (HarnessGone, OSError, ValueError) as err:
                 exit_code = self.proc.poll() if self.proc is not None else None
                 self.close()
-                return {"ok": False, "failure": "infra",
-                        "message": f"the harness failed ({err}; exit {exit_code}); see {self.log_path}"}
+                # A harness that hung or died on a machine out of memory or CPUs: say so, here and in its log.
+                machine = host_pressure.note(payload.get("cpus") if isinstance(payload, dict) else None)
+                why = f"{err}; exit {exit_code}" + (f"; the machine: {machine}" if machine else "")
+                self.record(f"the harness failed ({why})")
+                return {"ok": False, "failure": "infra", "message": f"the harness failed ({why}); see {self.log_path}"}
+
+    def record(self, line: str) -> None:
+        """A line of the worker's own in harness.log, beside the harness's (appended: the harness may be writing too)."""
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+            log.write(f"{time.strftime('%H:%M:%S')} worker: {line}\n")
 
     def _start(self) -> None:
         self.close()
@@ -124,12 +135,13 @@ def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
 def serve_forever(handle) -> None:
     """In the harness: answer framed requests on stdin with ``handle(payload)`` until stdin closes.
 
-    Stdin closes when the worker exits, however it exits: that ends the harness. (Not
-    PR_SET_PDEATHSIG: it fires when the *thread* that started the process ends, and the worker
-    starts it from a short-lived executor thread.)
+    Stdin closes when the worker exits, however it exits: that ends the harness, at once, even
+    mid-request (``_end_with_worker``). (Not PR_SET_PDEATHSIG: it fires when the *thread* that
+    started the process ends, and the worker starts it from a short-lived executor thread.)
     """
     responses = os.fdopen(int(os.environ.pop("CUDA_AGENT_HARNESS_FD")), "wb")
     requests = sys.stdin.buffer
+    threading.Thread(target=_end_with_worker, args=(requests.fileno(),), daemon=True, name="end-with-worker").start()
     while True:
         header = requests.read(8)
         if len(header) < 8:
@@ -138,3 +150,21 @@ def serve_forever(handle) -> None:
         _write_frame(responses, handle(payload))
         sys.stdout.flush()
 
+
+def _end_with_worker(requests_fd: int) -> None:
+    """In the harness: when the worker's end of stdin closes (it exited, crashed or was killed), end now.
+
+    Reading stdin notices only between requests, and a request lasts minutes (a task's
+    baselines): a harness whose worker was killed mid-request went on serving it, its servers
+    with it, until its verdict hit a broken pipe (issue #32). poll() with no events asked for
+    still reports the hang-up, without taking a byte of a request. SIGKILL to the harness's own
+    process group (it leads one) takes whatever it started there; its sandboxed servers, each
+    in a session of its own, die with it (their shims' PR_SET_PDEATHSIG, then their PID namespaces).
+    """
+    poller = select.poll()
+    poller.register(requests_fd, 0)
+    while not poller.poll():
+        pass
+    time.sleep(IDLE_END_S)  # an idle harness reads the end of stdin too, and closes its warm servers itself
+    print(f"{time.strftime('%H:%M:%S')} harness: the worker is gone (stdin closed); ending, servers and all", flush=True)
+    os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -18,56 +18,99 @@ Two variants: unoptimised (load_inline's default flags) and optimised (``-O3``: 
 ``__OPTIMIZE__``, so it serves ``-O1`` to ``-O3``). Flags beyond these (``-DNDEBUG``, ``-g``)
 simply do not match and build as before. Each variant is checked after its build by compiling
 a probe with ``-H``, which marks a precompiled header it used with "!".
+
+The build outlives the command that needs it: one job per machine and toolchain
+(``python -m env_pool.inline_pch --job``, started by ``start_job`` in a session of its own),
+which holds the key's lock file for its whole life and runs its compilers in the sandbox, whose
+PID namespace takes the compiler's own children (``cc1plus``) down with the job. A build in a
+thread of the command was orphaned at every exit instead: the driver died with it, its
+``cc1plus`` (1.7-1.9 GB) went on alone, and the next command, finding the lock free, started
+another (issue #32). A lock that can be taken means no job is alive; a later command that finds
+it held goes on without the header.
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import uuid
+import time
 from pathlib import Path
+
+from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 
 HEADER = "torch/extension.h"
 VARIANTS = {"plain": (), "optimized": ("-O3",)}
 BUILD_TIMEOUT_S = 900.0  # one variant: ~40 s on an idle CPU core, minutes on a busy one
-PR_SET_PDEATHSIG = 1
+BUILD_MEMORY_MB = 8192  # one variant's cc1plus: 1.7-1.9 GB of RSS
+BUILD_FILE_MB = 4096  # a variant's .gch is hundreds of MB (the sandbox's default cap on a file is 1 GB)
+BUILD_OUTPUT_CHARS = 64_000  # the probe's -H lists every header; the "!" line of the PCH comes first
 PROBE = "#include <torch/extension.h>\n#include <torch/extension.h>\nint cuda_agent_pch_probe() { return 0; }\n"
 
-_building: dict[Path, threading.Thread] = {}
+_jobs: list[subprocess.Popen] = []  # the jobs this process started, kept to be reaped
 _lock = threading.Lock()
 
 
 def ready_dir(root: Path, backend: str, cpus: list[int] | None = None) -> Path | None:
     """The folder to put on CPATH, once its headers are built and checked; None until then.
 
-    The first call for a machine's toolchain starts the build in a background thread (one
-    process at a time machine-wide, by a lock file); evaluations go on without it meanwhile.
+    The first call on a machine starts the build as a job of its own (``start_job``); this call
+    and later ones go on without the header until the job has marked it ``ok``.
     """
     try:
         compiler, flags, key = target(backend == "cuda")
     except Exception:  # a torch whose private ninja writer changed: no PCH, builds as before
         return None
     folder = root.expanduser() / key
+    with _lock:  # a job this process started, and that has ended, is reaped here (not left a zombie)
+        _jobs[:] = [job for job in _jobs if job.poll() is None]
     if (folder / "ok").exists():
         return folder
-    if (folder / "failed").exists():
-        return None
-    with _lock:
-        if folder not in _building or not _building[folder].is_alive():
-            thread = threading.Thread(target=build, args=(folder, compiler, flags, cpus), daemon=True,
-                                      name="inline-pch")
-            _building[folder] = thread
-            thread.start()
+    if not (folder / "failed").exists():
+        start_job(folder, compiler, flags, cpus)
     return None
+
+
+def start_job(folder: Path, compiler: str, flags: list[str], cpus: list[int] | None = None) -> bool:
+    """Start the build of ``folder`` as a detached job, unless one holds its lock; True when this call started it.
+
+    The job outlives the command that starts it (a build takes minutes, a command seconds), so it
+    is not the command's child in any way that matters: its own session (no Ctrl-C of the
+    command's terminal reaches it), stdin from /dev/null, its output in ``<key>.log``. The lock
+    is taken here and handed over: the job inherits this open file, so the lock is held from
+    this moment to the job's last breath, by the job alone once this process closes its copy or
+    exits. There is no window in which two commands both find it free and both build. The job
+    is given the compiler, flags and header as they were read here, so it never imports torch
+    (~280 MB held for minutes).
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a job builds it now
+        if (folder / "ok").exists() or (folder / "failed").exists():
+            return False
+        recipe = json.dumps({"compiler": compiler, "flags": list(flags), "header": str(header_path())})
+        command = [sys.executable, "-m", "env_pool.inline_pch", str(folder), "--job", recipe, "--lock-fd", str(lock)]
+        command += ["--cpus", ",".join(map(str, cpus))] if cpus else []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        with open(folder.parent / f"{folder.name}.log", "ab") as log:
+            job = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   pass_fds=(lock,), start_new_session=True, cwd=folder.parent)
+        with _lock:
+            _jobs.append(job)
+        return True
+    finally:
+        os.close(lock)  # the lock stays held: the job has the same open file
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,71 +154,144 @@ def _key(compiler: str, flags: list[str]) -> str:
 
 
 def build(folder: Path, compiler: str, flags: list[str], cpus: list[int] | None = None) -> bool:
-    """Build and check every variant into ``folder``; writes ``ok`` or ``failed`` (with why)."""
+    """Build and check every variant into ``folder`` now, in this process; False when another holds the lock."""
+    header = header_path()
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # another worker on this machine builds it; the next evaluation looks again
-        if (folder / "ok").exists() or (folder / "failed").exists():
-            return (folder / "ok").exists()
-        for stale in folder.parent.glob(f"{folder.name}.*"):  # a build whose process died (its lock is free)
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-        staging = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}")
-        why = _build_variants(staging, compiler, flags, cpus)
-        if why:
-            shutil.rmtree(staging, ignore_errors=True)
-            folder.mkdir(exist_ok=True)
-            (folder / "failed").write_text(why)
-            return False
-        (staging / "ok").write_text("checked: every variant is used by a load_inline-flagged probe\n")
-        os.rename(staging, folder)
-        return True
+            return False  # a job builds it; the next evaluation looks again
+        return _build_locked(folder, compiler, flags, header, cpus)
 
 
-def _build_variants(staging: Path, compiler: str, flags: list[str], cpus: list[int] | None) -> str:
+def _build_locked(folder: Path, compiler: str, flags: list[str], header: Path, cpus: list[int] | None) -> bool:
+    """Build and check every variant into ``folder``, its lock held; writes ``ok`` or ``failed`` (with why).
+
+    Resumable: the variants are built in ``<key>.partial``, each marked once its probe used it,
+    so a job that was killed (the machine rebooted, a user ended it) leaves its checked variants
+    to the next one. A lock that can be taken means no job is alive, so whatever else is there
+    (older builds' staging folders) is stale.
+    """
+    if (folder / "ok").exists() or (folder / "failed").exists():
+        return (folder / "ok").exists()
+    staging = folder.with_name(f"{folder.name}.partial")
+    for stale in folder.parent.glob(f"{folder.name}.*"):
+        if stale.is_dir() and stale != staging:
+            shutil.rmtree(stale, ignore_errors=True)
+    try:
+        why = _build_variants(staging, compiler, flags, header, cpus)
+    except SandboxError as err:  # this machine cannot run the build now: no verdict on the header
+        _say(f"the build could not run: {err}")
+        return False
+    if why:
+        shutil.rmtree(staging, ignore_errors=True)
+        folder.mkdir(exist_ok=True)
+        (folder / "failed").write_text(why)
+        _say(f"failed: {why.splitlines()[0]}")
+        return False
+    shutil.rmtree(staging / "tmp", ignore_errors=True)  # the sandbox's TMPDIR
+    for mark in staging.glob("*.checked"):
+        mark.unlink()
+    (staging / "ok").write_text("checked: every variant is used by a load_inline-flagged probe\n")
+    os.rename(staging, folder)
+    _say(f"ok: {folder}")
+    return True
+
+
+def _build_variants(staging: Path, compiler: str, flags: list[str], header: Path, cpus: list[int] | None) -> str:
     """Empty when every variant is built and used by a probe; otherwise why not."""
     target = staging / (HEADER + ".gch")
-    target.mkdir(parents=True)
+    target.mkdir(parents=True, exist_ok=True)
     # The header itself beside it: GCC takes a used PCH's folder as where the header lives, and a
     # second #include of it (KernelBench's cpp_sources repeat the one load_inline adds) opens it there.
-    (staging / HEADER).symlink_to(header_path())
+    if not (staging / HEADER).is_symlink():
+        (staging / HEADER).symlink_to(header)
     for name, extra in VARIANTS.items():
+        checked = staging / f"{name}.checked"
+        if checked.exists():
+            _say(f"{name}: kept from an earlier job")
+            continue
+        begin = time.monotonic()
         out = target / f"{name}.gch"
-        cmd = [compiler, *flags, *extra, "-x", "c++-header", str(header_path()), "-o", str(out)]
-        done = _run(cmd, staging, cpus)
-        if done.returncode != 0:
-            return f"building the {name} variant failed ({done.returncode}):\n{done.stderr[-2000:]}"
+        done = _run([compiler, *flags, *extra, "-x", "c++-header", str(header), "-o", str(out)], staging, cpus)
+        if done.failure or done.returncode != 0:
+            return f"building the {name} variant failed ({_ended(done)}):\n{done.output[-2000:]}"
         probe = staging / "probe.cpp"
         probe.write_text(PROBE)
-        checked = _run([compiler, *flags, *extra, "-H", "-Winvalid-pch", "-fsyntax-only", str(probe)], staging, cpus,
-                       {"CPATH": str(staging)})
+        used = _run([compiler, *flags, *extra, "-H", "-Winvalid-pch", "-fsyntax-only", str(probe)], staging, cpus,
+                    {"CPATH": str(staging)})
         probe.unlink()
-        if checked.returncode != 0 or f"! {out}" not in checked.stderr:
-            return f"the {name} variant was built but a probe with load_inline's flags did not use it:\n{checked.stderr[-2000:]}"
+        if used.failure or used.returncode != 0 or f"! {out}" not in used.output:
+            return f"the {name} variant was built but a probe with load_inline's flags did not use it:\n{used.output[-2000:]}"
+        checked.write_text(f"built and used by the probe in {time.monotonic() - begin:.0f} s\n")
+        _say(f"{name}: built and checked in {time.monotonic() - begin:.0f} s")
     return ""
 
 
-def _run(cmd: list[str], cwd: Path, cpus: list[int] | None, extra_env: dict[str, str] | None = None):
-    """A compiler run at the lowest priority, off the timed CPUs where there are others."""
-    def lower() -> None:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a worker that exits takes its build along
-        os.nice(19)
-        if cpus:
-            os.sched_setaffinity(0, cpus)
+def _run(cmd: list[str], cwd: Path, cpus: list[int] | None, extra_env: dict[str, str] | None = None) -> SandboxOutcome:
+    """A compiler run in the sandbox, for its PID namespace: the compiler's whole tree (the driver's
+    ``cc1plus`` too, which a PR_SET_PDEATHSIG on the driver never reached) dies with this job,
+    however the job ends; a machine without one gets no header (SandboxError), never a build that
+    could be orphaned. Off the timed CPUs where there are others; the job's own nice 19 is inherited."""
+    # Only the folder being checked on CPATH; the worker's PATH, so ``c++`` is the compiler load_inline finds.
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C", "LC_ALL": "C", **(extra_env or {})}
+    limits = SandboxLimits(wall_s=BUILD_TIMEOUT_S, memory_mb=BUILD_MEMORY_MB, max_file_mb=BUILD_FILE_MB,
+                           max_output_chars=BUILD_OUTPUT_CHARS, cpus=tuple(cpus or ()), required_isolation=("pidns",))
+    return run_sandboxed(cmd, b"", cwd, limits, env=env, inherit_env=False)
 
-    env = {k: v for k, v in os.environ.items() if k != "CPATH"}  # only the folder being checked
-    env.update(LC_ALL="C", **(extra_env or {}))
+
+def _ended(outcome: SandboxOutcome) -> str:
+    if outcome.failure in ("timeout", "out_of_memory"):
+        return {"timeout": f"over {BUILD_TIMEOUT_S:.0f} s", "out_of_memory": f"over {BUILD_MEMORY_MB} MB"}[outcome.failure]
+    return f"signal {outcome.signal_name}" if outcome.signal_name else f"exit {outcome.returncode}"
+
+
+def _say(line: str) -> None:
+    """A line of the job's log (``<key>.log`` beside the folder: its stdout)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} inline_pch job {os.getpid()}: {line}", flush=True)
+
+
+def run_job(folder: Path, recipe: dict, lock_fd: int | None, cpus: list[int] | None) -> int:
+    """The detached job (``start_job``): build ``folder`` under the lock its starter handed over, then exit.
+
+    The lock stays held until this process ends (the descriptor is never closed; the sandboxed
+    compilers do not inherit it). Started by hand, without ``--lock-fd``, it takes the lock itself.
+    """
+    if lock_fd is None:
+        lock_fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=env,
-                              preexec_fn=lower)
-    except (subprocess.TimeoutExpired, OSError) as err:
-        return subprocess.CompletedProcess(cmd, -1, "", f"{type(err).__name__}: {err}")
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op on the starter's lock, which is ours too
+    except BlockingIOError:
+        _say("another job holds the lock: nothing to do")
+        return 0
+    os.nice(19)  # inherited by every compiler: the header is a convenience, never ahead of an evaluation
+    _say(f"started for {folder}")
+    built = _build_locked(folder, recipe["compiler"], list(recipe["flags"]), Path(recipe["header"]), cpus)
+    return 0 if built else 1
 
 
-if __name__ == "__main__":  # build now, in the foreground: python -m env_pool.inline_pch DIR [cuda]
-    compiler_, flags_, key_ = target(sys.argv[2:3] == ["cuda"])
-    dest = Path(sys.argv[1]).expanduser() / key_
-    print(dest, "ok" if build(dest, compiler_, flags_) else (dest / "failed").read_text() if (dest / "failed").exists() else "busy")
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m env_pool.inline_pch",
+                                     description="Build the precompiled torch/extension.h for load_inline builds.")
+    parser.add_argument("root", help="the pch folder (env.pch_dir); with --job, the key's own folder in it")
+    parser.add_argument("backend", nargs="?", choices=["cpp", "cuda"], default="cpp")
+    parser.add_argument("--job", metavar="RECIPE", help="run as the detached job start_job starts: the compiler, "
+                        "flags and header as JSON")
+    parser.add_argument("--lock-fd", type=int, help="the inherited, already locked lock file")
+    parser.add_argument("--cpus", help="comma-separated CPUs for the compilers")
+    args = parser.parse_args(argv)
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    if args.job:
+        return run_job(Path(args.root), json.loads(args.job), args.lock_fd, cpus)
+    compiler, flags, key = target(args.backend == "cuda")  # in the foreground, its lock taken here
+    dest = Path(args.root).expanduser() / key
+    ok = build(dest, compiler, flags, cpus)
+    print(dest, "ok" if ok else (dest / "failed").read_text() if (dest / "failed").exists() else "busy: a job builds it")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -121,6 +121,10 @@ class EnvPool:
             finally:
                 self._leave()
 
+    def close(self) -> None:
+        """End the worker's harness and its servers now (they also end when this process does)."""
+        self.ctx.close()
+
     def _refused(self, task: Task) -> EvalResult:
         result = EvalResult(task_id=task.id, backend=str(getattr(self.ctx.cfg.backend, "value", self.ctx.cfg.backend)),
                             failure="infra", message=f"this worker's device is unhealthy ({self.ctx.unhealthy}); "

@@ -157,21 +157,58 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
     from launch.report import print_eval_result
     from tasks.task import TaskError
 
-    cfg = _run_config(args.config or [], args.overrides)
+    # Folders and key=value overrides in any order (after --json too): an override has a "=".
+    folders, overrides = _split_files_and_overrides(args.solutions + args.overrides)
+    cfg = _run_config(args.config or [], overrides)
     task = _find_task(args.task, args.tasks)
-    folder = Path(args.solution)
-    if not folder.is_dir():
-        raise TaskError(f"solution folder {args.solution!r} does not exist (or is not a folder): give the folder that "
-                        "holds model_new.py")
-    files = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+    solutions = []
+    for name in folders:
+        folder = Path(name)
+        if not folder.is_dir():
+            raise TaskError(f"solution folder {name!r} does not exist (or is not a folder): give the folder that "
+                            "holds model_new.py")
+        solutions.append((name, {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}))
     pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
-    with console.status(f"evaluating {args.solution} on {task.id} ({args.mode})"):
-        result = asyncio.run(pool.evaluate(task, files, args.mode))
+    _end_with_the_command(pool)
+
+    async def evaluate_in_turn() -> list:
+        results = []
+        for name, files in solutions:  # one pool: its harness, servers and the task's baselines stay warm
+            with console.status(f"evaluating {name} on {task.id} ({args.mode})"):
+                results.append(await pool.evaluate(task, files, args.mode))
+            if not args.json and len(solutions) > 1:
+                console.print(f"[bold]{name}[/bold]")
+            if not args.json:
+                print_eval_result(results[-1], console)
+        return results
+
+    results = asyncio.run(evaluate_in_turn())
+    pool.close()
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print_eval_result(result, console)
-    return 0 if result.failure is None else 1
+        rows = [result.to_dict() for result in results]
+        print(json.dumps(rows[0] if len(rows) == 1 else [{"solution": n, **r} for (n, _), r in zip(solutions, rows)], indent=2))
+    return 0 if all(result.failure is None for result in results) else 1
+
+
+def _end_with_the_command(pool) -> None:
+    """Ctrl-C, SIGTERM or a closed terminal end the command now, and what it started with it.
+
+    Python's own KeyboardInterrupt would first wait for the evaluation's threads (a load_inline
+    build runs minutes in one); exiting from the handler instead kills those threads, and with
+    them the sandboxed runs they started (each shim dies with its thread), and the harness is
+    killed here (it would also end by itself once its stdin closes). The precompiled header's
+    job alone goes on: it is the machine's, not this command's (env_pool/inline_pch.py).
+    """
+    import os
+    import signal
+
+    def end(signum, _frame) -> None:
+        err_console.print(f"interrupted ({signal.Signals(signum).name}): the evaluation and everything it started are ended")
+        pool.close()
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end)
 
 
 def _find_task(name: str, paths: list[str] | None):
@@ -385,9 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-ms", type=float, default=100.0, help="slowest acceptable eager time")
 
     env = sub.add_parser("env", help="the kernel environment").add_subparsers(dest="action", required=True)
-    ev = env.add_parser("eval", help="compile, verify and profile one solution folder (model_new.py [+ kernel.cpp|kernel.cu])")
+    ev = env.add_parser("eval", help="compile, verify and profile solution folders (model_new.py [+ kernel.cpp|kernel.cu])",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+                            "Each command starts the environment cold (its harness, servers and the task's baselines: "
+                            "~17 s on 2 CPUs,\nagainst ~1.6 s warm): give several folders to one command, or score many "
+                            "problems with\n`cuda-agent eval --solutions DIR`, to keep it warm. Nothing the command starts "
+                            "outlives it, but\nthe precompiled torch/extension.h for load_inline builds: built once per "
+                            "machine by a job of its\nown (env.pch_dir; its log beside it)."))
     ev.add_argument("task", help="task id, e.g. level1/03_softmax (see `cuda-agent tasks list`)")
-    ev.add_argument("solution", help="folder with model_new.py and its kernel sources")
+    ev.add_argument("solutions", nargs="+", metavar="FOLDER",
+                    help="folder(s) with model_new.py and its kernel sources, evaluated in turn by one environment")
     ev.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.backend=cuda")
     ev.add_argument("--config", action="append", help="config file(s) under the overrides")
     ev.add_argument("--tasks", action="append", help="task files or folders (default: the starter set)")
@@ -487,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     # overrides typed after an option arrive here; they are the command's items, not errors.
     if getattr(args, "func", None) in (cmd_eval, cmd_submit) and all(not u.startswith("-") for u in unknown):
         args.items += unknown
+    elif getattr(args, "func", None) is cmd_env_eval and all(not u.startswith("-") for u in unknown):
+        args.overrides += unknown  # folders or overrides typed after an option: sorted out by their "="
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

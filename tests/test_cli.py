@@ -107,3 +107,14 @@ def test_env_eval_names_a_missing_folder_or_problem_file_in_one_line():
     for out, what in ((missing_folder, "solution folder"), (missing_problem, "problem file")):
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert what in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_env_eval_takes_several_folders_and_overrides_after_its_options(tmp_path: Path):
+    legit = ROOT / "tests" / "env_corpus" / "legit"
+    out = run("env", "eval", "level1/01_gelu", str(legit / "gelu_omp"), "--mode", "compile", "--json",
+              str(legit / "softmax_rows"), f"env.work_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads(out.stdout)
+    assert [r["solution"] for r in results] == [str(legit / "gelu_omp"), str(legit / "softmax_rows")]
+    assert all(r["failure"] is None for r in results), results
+    assert (tmp_path / "kernels").is_dir(), "the override after --json was taken: the work folder is the one given"
