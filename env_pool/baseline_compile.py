@@ -40,7 +40,7 @@ def compile_ahead(job: dict) -> float:
     args = [v.detach().to(device).contiguous() if isinstance(v, torch.Tensor) else v for v in values]
     begin = time.perf_counter()
     try:
-        serve.build_phase("compiled", payload, problem, device, args, [], {})
+        serve.build_phase("compiled", payload, problem, device, args, None, None, {})  # no layout or arena: nothing is served
     finally:
         del args
         torch._dynamo.reset()

@@ -49,6 +49,11 @@ from env_pool.serve import DEVICE_ENV, FD_SOCKET_ENV, WARM_BYTE
 # -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
 # msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
 SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
+# glibc's heap for every server alike, the baselines' too: allocations up to 32 MiB (its largest
+# threshold) from the heap, and a freed top never handed back. With its defaults a round's fresh
+# 16 MiB output was a new mapping or a regrown heap in some rounds and not others: its page faults
+# put an eager ReLU at 2.7 ms in one server and 10 ms in the next, on the same machine.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 REPORT_BYTES = 64 << 10  # a server's report is a few lines of text; more is dropped (and fails a candidate)
 CONTENDED_CPUS = 2  # a harness with this many CPUs or fewer pauses waiting servers during timed rounds
 
@@ -103,7 +108,7 @@ class Server:
                                skip_isolation=("readonly-root",) if spec.trusted else (),
                                # Start-up runs off the servers' and the harness's CPUs; give() moves it to the servers'.
                                cpus=(spec.startup_cpus or tuple(sorted(os.sched_getaffinity(0)))) if spec.cpus else ())
-        env = {**compile_env(spec.inductor_dir or str(self.cwd / ".inductor"), spec.threads),
+        env = {**compile_env(spec.inductor_dir or str(self.cwd / ".inductor"), spec.threads), **STEADY_MALLOC,
                "TORCH_EXTENSIONS_DIR": str(self.cwd / EXTENSIONS), DEVICE_ENV: spec.device,
                FD_SOCKET_ENV: str(theirs.fileno()), "PYTHONPATH": os.pathsep.join(x for x in sys.path if x)}
         try:

@@ -98,7 +98,7 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks, failures = load_tasks(args.paths)
-    results = [screen_task(t, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile)
+    results = [screen_task(t, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile, timed=not args.sets_only)
                for t in track(tasks, description="running references", console=err_console, disable=args.json)]
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results], "failures": [asdict(f) for f in failures]}, indent=2))
@@ -417,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "check":
             p.add_argument("--compile", action="store_true", help="also check that torch.compile runs and agrees")
+            p.add_argument("--sets-only", action="store_true",
+                           help="only the outputs' checks and the verification sets each task needs (no runtime window)")
             p.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1)")
             p.add_argument("--min-ms", type=float, default=1.0, help="fastest acceptable eager time")
             p.add_argument("--max-ms", type=float, default=100.0, help="slowest acceptable eager time")

@@ -82,7 +82,7 @@ accounting)  # the activations' speedups and baselines with the code at TREE (de
   cp "/tmp/accounting/$2.json" "$OUT/"
   ;;
 tasks-check)  # which KernelBench problems need transformed verification sets, and any no transform fixes
-  python3 -m launch.cli tasks check --backend cuda --json "$KB/level1" "$KB/level2" "$KB/level3" > "$OUT/tasks-check.json"
+  python3 -m launch.cli tasks check --backend cuda --sets-only --json "$KB/level1" "$KB/level2" "$KB/level3" > "$OUT/tasks-check.json"
   python3 - "$OUT/tasks-check.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["results"]

@@ -118,3 +118,13 @@ def test_env_eval_takes_several_folders_and_overrides_after_its_options(tmp_path
     assert [r["solution"] for r in results] == [str(legit / "gelu_omp"), str(legit / "softmax_rows")]
     assert all(r["failure"] is None for r in results), results
     assert (tmp_path / "kernels").is_dir(), "the override after --json was taken: the work folder is the one given"
+
+
+def test_tasks_check_names_the_verification_sets_a_task_needs():
+    relu = ROOT / "tasks" / "starter" / "level1" / "17_relu.py"
+    out = run("tasks", "check", "--sets-only", "--json", str(relu))
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["results"]
+    assert row["verification_sets"] == ["shift"] and row["eager_ms"] is None  # relu(x) == x on its own inputs
+    table = run("tasks", "check", "--sets-only", str(relu))
+    assert "own + shift" in table.stdout and "need transformed verification sets" in table.stdout, table.stdout
