@@ -98,8 +98,14 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks, failures = load_tasks(args.paths)
-    results = [screen_task(t, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile, timed=not args.sets_only)
-               for t in track(tasks, description="running references", console=err_console, disable=args.json)]
+    results = []
+    for task in track(tasks, description="running references", console=err_console, disable=args.json or args.jsonl):
+        results.append(screen_task(task, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile,
+                                   timed=not args.sets_only))
+        if args.jsonl:  # a line per task as it is done: a long check cut short keeps what it found
+            print(json.dumps(asdict(results[-1])), flush=True)
+    if args.jsonl:
+        return 0 if all(r.ok for r in results) and not failures else 1
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results], "failures": [asdict(f) for f in failures]}, indent=2))
     else:
@@ -417,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "check":
             p.add_argument("--compile", action="store_true", help="also check that torch.compile runs and agrees")
+            p.add_argument("--jsonl", action="store_true", help="one JSON line per task as it is checked")
             p.add_argument("--sets-only", action="store_true",
                            help="only the outputs' checks and the verification sets each task needs (no runtime window)")
             p.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1)")

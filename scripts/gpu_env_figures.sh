@@ -81,11 +81,13 @@ accounting)  # the activations' speedups and baselines with the code at TREE (de
   PYTHONPATH="${3:-$PWD}" python3 scripts/bench_accounting.py --kernelbench "$KB" --out "/tmp/accounting/${2:?NAME}.json" 2>&1 | grep -v Warning | tail -18
   cp "/tmp/accounting/$2.json" "$OUT/"
   ;;
-tasks-check)  # which KernelBench problems need transformed verification sets, and any no transform fixes
-  python3 -m launch.cli tasks check --backend cuda --sets-only --json "$KB/level1" "$KB/level2" "$KB/level3" > "$OUT/tasks-check.json"
-  python3 - "$OUT/tasks-check.json" <<'PY'
+tasks-check)  # which KernelBench problems need transformed verification sets, and any no transform fixes [SECONDS per level]
+  for level in level1 level2 level3; do  # a level per command: one cut short by the call's limit loses only itself
+    timeout "${2:-600}" python3 -m launch.cli tasks check --backend cuda --sets-only --jsonl "$KB/$level" > "$OUT/tasks-check-$level.jsonl"
+  done
+  python3 - "$OUT"/tasks-check-level*.jsonl <<'PY'
 import json, sys
-rows = json.load(open(sys.argv[1]))["results"]
+rows = [json.loads(line) for path in sys.argv[1:] for line in open(path) if line.startswith("{")]
 extra = [r for r in rows if r["verification_sets"]]
 trivial = [r for r in rows if any("trivial kernel" in p for p in r["problems"])]
 print(f"{len(rows)} problems; {len(extra)} need transformed sets; {len(trivial)} no transform fixes")

@@ -45,6 +45,15 @@ def test_outputs_within_tolerance_of_zero_are_flagged_even_under_every_transform
     assert sets.needed == ["shift", "sign_flip", "normal", "special"]  # every transform tried before giving up
 
 
+def test_an_output_that_does_not_change_with_the_inputs_is_told_from_a_fixed_answer():
+    # KernelBench's level3/24_EfficientNetB2 and 28_VisionTransformer on the H100: the same output
+    # for every input set, so an answer computed once (and returned for ever) passes.
+    bias = torch.randn(16)
+    sets = planned(lambda x: bias + 0 * x.sum(), lambda: [torch.randn(4, 8)])
+    assert not sets.ok and any("one fixed tensor" in t for t in sets.trivial), sets.trivial
+    assert planned(lambda x: bias + x.sum(), lambda: [torch.randn(4, 8)]).ok
+
+
 def test_a_transform_whose_reference_is_not_finite_is_skipped_and_named():
     # The identity on positive inputs, a log on negative ones: every transform that makes a sign
     # change makes a NaN, so the harness must not ask a kernel for it, and the task stays trivial.
