@@ -201,7 +201,8 @@ class LearnerConfig:
     prox_from_learner: bool = True  # learner/ppo.py: the clip's proximal policy is the learner's own scoring of every token at the step's start (ratio exactly 1 at first); False: the sampler's logprobs for current-version tokens (one forward pass fewer, but bf16 sampler and learner disagree)
     advantage: AdvantageEstimator = AdvantageEstimator.gae  # learner/ppo.py, launch/train.py: gae: the critic's GAE; grpo: each episode's reward against its group's (needs stage.group_size > 1)
     gamma: float = 1.0  # learner/ppo.py, learner/value_pretrain.py: discount over generated tokens
-    gae_lambda: float = 1.0  # learner/ppo.py, learner/value_pretrain.py: GAE lambda
+    gae_lambda: float = 1.0  # learner/ppo.py: GAE lambda of PPO's advantages and returns
+    value_lambda: float = 1.0  # learner/value_pretrain.py: lambda of value pretraining's targets (1: Monte Carlo returns; lower bootstraps from the critic being trained, whose targets then vanish over long episodes)
     kl_coef: float = 0.0  # learner/ppo.py: KL to the frozen reference; 0 loads no reference model
     entropy_coef: float = 0.0  # learner/ppo.py: entropy bonus
     importance_cap: float = 2.0  # learner/ppo.py: cap of the truncated importance weight for stale behaviour policies

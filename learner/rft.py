@@ -22,23 +22,32 @@ from learner.models import load_policy, resolve_attention, resolve_dtype, row_to
 from rollout.trajectory import Trajectory
 
 
+LOOP_PERIODS = 4  # the longest cycle of turns looked for (A, B, A, B is a loop of period 2)
+
+
 def invalid_call_rate(traj: Trajectory) -> float:
-    """Malformed or unknown tool calls over all tool calls (0 when it made none)."""
+    """Malformed or unknown tool calls over the calls attempted (0 when it made none).
+
+    A call that parsed but was refused counts once in each: it is in ``tools`` and in
+    ``invalid_calls`` (one valid and one refused call once read 0.33, not 0.5)."""
     invalid = sum(t.invalid_calls for t in traj.turns)
-    total = invalid + sum(len(t.tools) for t in traj.turns)
-    return invalid / total if total else 0.0
+    total = sum(t.calls or len(t.tools) for t in traj.turns)  # ``calls`` 0: a trajectory recorded before it was kept
+    return min(1.0, invalid / total) if total else (1.0 if invalid else 0.0)
 
 
 def longest_repeat(traj: Trajectory) -> int:
-    """The longest run of consecutive turns that took the same action (the same generated
-    text, or the same tokens when no text was kept): 1 when no turn repeats the one before."""
-    longest = run = 0
-    previous = None
-    for turn in traj.turns:
-        action = turn.text.strip() if turn.text.strip() else tuple(traj.segments[turn.segment].token_ids[turn.start:turn.end])
-        run = run + 1 if action == previous else 1
-        longest = max(longest, run)
-        previous = action
+    """How many times in a row the episode repeated one action or one cycle of actions (up to
+    LOOP_PERIODS turns long): 1 when nothing repeats. An action is the turn's generated text, or
+    its tokens when no text was kept. A, A, A is 3; A, B, A, B, A, B is 3 too (a loop of two
+    turns, which consecutive-turn equality alone never saw)."""
+    actions = [turn.text.strip() if turn.text.strip() else tuple(traj.segments[turn.segment].token_ids[turn.start:turn.end])
+               for turn in traj.turns]
+    longest = 1 if actions else 0
+    for period in range(1, LOOP_PERIODS + 1):
+        run = 0  # consecutive turns equal to the one ``period`` before
+        for k in range(period, len(actions)):
+            run = run + 1 if actions[k] == actions[k - period] else 0
+            longest = max(longest, 1 + run // period)
     return longest
 
 

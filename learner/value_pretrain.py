@@ -2,10 +2,12 @@
 
 A fresh value head makes PPO's first advantages mostly noise, and the policy would move on
 that noise; the paper therefore trains the critic alone on trajectories of the (frozen)
-RFT policy first. Targets are the GAE(lambda) returns under the current critic, which with
-the default lambda = 1 are the plain Monte Carlo returns. Explained variance on each batch is
-measured before that batch's update, so it shows how well the critic predicts returns it
-has not yet fitted.
+RFT policy first. Targets are the lambda-returns with value pretraining's own lambda
+(``value_lambda``, 1 by default: the plain Monte Carlo returns), not PPO's: with the paper's
+GAE lambda of 0.95 the target bootstraps from the critic being trained, and at the first token
+of a 2,000-token episode that earned 3 it was 3 x 0.95^2000, about 1e-44, from a fresh critic.
+Explained variance on each batch is measured before that batch's update, so it shows how well
+the critic predicts returns it has not yet fitted.
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ from learner.models import Critic, resolve_attention, resolve_dtype, row_tokens,
 from learner.ppo import Sums, update_critic
 from learner.sequence_parallel import pack_rows
 from rollout.trajectory import Trajectory
+
+
+def value_targets(batch, old_values: torch.Tensor, cfg: LearnerConfig) -> torch.Tensor:
+    """The critic's targets for ``batch``: lambda-returns with ``cfg.value_lambda`` (not PPO's gae_lambda)."""
+    return batch_advantages(batch, old_values, cfg.gamma, cfg.value_lambda, cfg.per_turn_rewards)[1]
 
 
 class ValuePretrainer:
@@ -54,7 +61,7 @@ class ValuePretrainer:
         micro = pack_rows(batch.sequences, row_tokens(cfg))
         dev = engines.device()
         old_values = score_batch(self.critic, micro, batch.num_generated, critic=True, device=dev)
-        _, returns = batch_advantages(batch, old_values, cfg.gamma, cfg.gae_lambda, cfg.per_turn_rewards)
+        returns = value_targets(batch, old_values, cfg)
         sums = Sums()
         for _ in range(cfg.ppo_epochs):
             for group in split_minibatches(micro, cfg.ppo_minibatches):

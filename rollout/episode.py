@@ -233,6 +233,7 @@ class Episode:
         """Run the turn's calls in order; returns the observations and whether the episode ended."""
         observations = [("error", err, "") for err in parsed.errors]
         turn.invalid_calls += len(parsed.errors)
+        turn.calls += len(parsed.errors)
         summaries = [f"parse error: {err.splitlines()[0]}" for err in parsed.errors]
         rewards: list[float] = []
         self.turns_without_call = 0 if parsed.calls or parsed.errors else self.turns_without_call + 1
@@ -241,6 +242,7 @@ class Episode:
         for call in parsed.calls:
             result: ToolResult = await self.tools.call(call)
             turn.tools.append(call.name)
+            turn.calls += 1
             turn.invalid_calls += not result.valid
             summaries.append(f"{call.name}: {result.summary}")
             if result.reward is not None:

@@ -82,6 +82,7 @@ class Turn:
     text: str = ""  # the generated text, decoded (for transcripts)
     tools: list[str] = field(default_factory=list)  # names of the tools called, in order
     invalid_calls: int = 0  # malformed or unknown calls in this turn (each got an explaining observation)
+    calls: int = 0  # calls the turn attempted: those parsed (in ``tools``) and those that did not parse
     summary: str = ""  # one line per call: what the tool or environment answered
     reward: float = 0.0  # milestone reward this turn's evaluation reached (used when per-turn rewards are on)
     gen_s: float = 0.0  # seconds spent generating

@@ -23,7 +23,7 @@ def in_target(token: int) -> bool:
 def make_trajectory(episode: str, prompt: list[int], turns: list[tuple[list[int], list[float], int]],
                     observation: list[int], reward: float, turn_rewards: list[float] | None = None,
                     texts: list[str] | None = None, invalid: list[int] | None = None,
-                    tools: list[list[str]] | None = None) -> Trajectory:
+                    tools: list[list[str]] | None = None, calls: list[int] | None = None) -> Trajectory:
     """One segment: prompt, then each turn's generated tokens, separated by ``observation``."""
     seg = Segment()
     seg.extend(prompt, generated=False)
@@ -37,7 +37,8 @@ def make_trajectory(episode: str, prompt: list[int], turns: list[tuple[list[int]
                           reward=(turn_rewards or [0.0] * len(turns))[k],
                           text=(texts or [""] * len(turns))[k],
                           invalid_calls=(invalid or [0] * len(turns))[k],
-                          tools=(tools or [["compile"]] * len(turns))[k]))
+                          tools=(tools or [["compile"]] * len(turns))[k],
+                          calls=(calls or [0] * len(turns))[k]))
     return Trajectory(episode_id=episode, task_id="toy", segments=[seg], turns=spans, reward=reward)
 
 

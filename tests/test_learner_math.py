@@ -309,9 +309,9 @@ def test_packed_logprobs_equal_unpacked_ones_and_packing_without_restarting_posi
 # --------------------------------------------------------------------------- RFT filter
 
 
-def _episode(name, reward, texts, invalid=None, tools=None, stop="submit"):
+def _episode(name, reward, texts, invalid=None, tools=None, stop="submit", calls=None):
     turns = [([20 + k, 21 + k], [-0.5, -0.5], 0) for k in range(len(texts))]
-    traj = make_trajectory(name, PROMPT, turns, OBSERVATION, reward, texts=texts, invalid=invalid, tools=tools)
+    traj = make_trajectory(name, PROMPT, turns, OBSERVATION, reward, texts=texts, invalid=invalid, tools=tools, calls=calls)
     traj.stop_reason = stop
     return traj
 
@@ -320,14 +320,30 @@ def test_rft_filter_keeps_successful_clean_episodes_and_says_why_it_dropped_the_
     cfg = RFTConfig(reward_threshold=1.0, max_invalid_call_rate=0.25, max_repeated_actions=2)
     good = _episode("good", 3.0, ["write", "compile", "compile", "submit"])
     low = _episode("low", -1.0, ["write", "submit"])
-    invalid = _episode("invalid", 2.0, ["a", "b"], invalid=[1, 1], tools=[["compile"], []])
+    # a refused compile call, then a call that did not parse: both of the two calls were invalid
+    invalid = _episode("invalid", 2.0, ["a", "b"], invalid=[1, 1], tools=[["compile"], []], calls=[1, 1])
     loop = _episode("loop", 3.0, ["write", "compile", "compile", "compile", "submit"])
     error = _episode("error", 3.0, ["write"], stop="error")
-    assert invalid_call_rate(invalid) == pytest.approx(2 / 3)
+    assert invalid_call_rate(invalid) == 1.0
     assert longest_repeat(loop) == 3 and longest_repeat(good) == 2
     kept, dropped = filter_trajectories([good, low, invalid, loop, error], cfg)
     assert [t.episode_id for t in kept] == ["good"]
     assert dropped == {"low_reward": 1, "invalid_calls": 1, "repeated_actions": 1, "error": 1}
+
+
+def test_one_valid_and_one_refused_call_is_an_invalid_rate_of_one_half():
+    # the refused call is in ``tools`` and in ``invalid_calls``: it once counted twice (0.33)
+    half = _episode("half", 3.0, ["two calls"], invalid=[1], tools=[["compile", "nosuchtool"]], calls=[2])
+    assert invalid_call_rate(half) == 0.5
+
+
+def test_a_loop_of_two_alternating_actions_is_a_repeat_too():
+    cfg = RFTConfig(reward_threshold=1.0, max_invalid_call_rate=0.25, max_repeated_actions=2)
+    alternating = _episode("ab", 3.0, ["write", "compile", "write", "compile", "write", "compile", "submit"])
+    varied = _episode("varied", 3.0, ["write", "compile", "profile", "write", "submit"])
+    assert longest_repeat(alternating) == 3 and longest_repeat(varied) == 1
+    kept, dropped = filter_trajectories([alternating, varied], cfg)
+    assert [t.episode_id for t in kept] == ["varied"] and dropped == {"repeated_actions": 1}
 
 
 def test_repeated_actions_fall_back_to_tokens_when_no_text_was_kept():
@@ -344,3 +360,19 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor():
     assert f(4) == pytest.approx(1.0) and f(9) == pytest.approx(0.55) and f(14) == pytest.approx(0.1)
     assert f(100) == pytest.approx(0.1)
     assert lr_multiplier(50, 4, 14, LRSchedule.constant, 0.1) == 1.0
+
+
+def test_value_pretraining_targets_are_monte_carlo_returns_even_with_the_papers_gae_lambda():
+    """paper.yaml's gae_lambda 0.95 bootstrapped value pretraining from the critic being trained:
+    at the first token of a 2,000-token episode that earned 3, its target was 3 x 0.95^2000, ~1e-44."""
+    from configs.load import load_config
+    from learner.value_pretrain import value_targets
+
+    learner = load_config(["paper"]).learner
+    assert learner.gae_lambda == 0.95 and learner.value_lambda == 1.0
+    long = make_trajectory("long", PROMPT, [(list(range(2000)), [-0.5] * 2000, 0)], OBSERVATION, 3.0)
+    batch = flatten([long])
+    targets = value_targets(batch, torch.zeros(batch.num_generated), learner)
+    assert targets[0] == pytest.approx(3.0) and targets[-1] == pytest.approx(3.0)
+    ppo_returns = batch_advantages(batch, torch.zeros(batch.num_generated), learner.gamma, learner.gae_lambda, False)[1]
+    assert ppo_returns[0] < 1e-40  # what value pretraining used to fit
