@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from learner.batching import BatchError, MicroBatch
 from learner.losses import entropy_from_logits
@@ -123,12 +124,63 @@ class Critic(nn.Module):
         save_file(head, str(Path(out_dir) / VALUE_HEAD_FILE))
 
 
+LOGIT_CHUNK = 4096  # predicting positions whose logits exist at once: 2.5 GB of float32 at Qwen's 151,936-token vocabulary
+
+
 def score_tokens(policy: nn.Module, mb: MicroBatch, with_entropy: bool = False,
                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the micro-batch's generated tokens (float32, [N]) and, if asked, the
-    entropy of each predicting distribution (differentiable only with ``entropy_grad``: a
-    metric-only entropy would otherwise keep a second tokens x vocabulary graph alive).
-    Logits exist only at the predicting positions."""
+    entropy of each predicting distribution (differentiable only with ``entropy_grad``).
+
+    The logits are made LOGIT_CHUNK positions at a time from the decoder's hidden states, and
+    under a gradient each chunk's are recomputed in the backward pass instead of kept: made
+    whole, a 131,072-token row at a 151,936-token vocabulary held its bf16 logits, a float32
+    copy and their log-softmax, about 200 GiB. A model whose logits are more than its output
+    embedding of the hidden state (a soft-capped or scaled head) is scored whole."""
+    model = getattr(policy, "module", policy)  # a DeepSpeed engine wraps the Hugging Face model
+    decoder, head = _decoder_and_head(model)
+    if decoder is None:
+        return _score_whole(policy, mb, with_entropy, entropy_grad)
+    hidden = decoder(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).last_hidden_state[0, mb.predict_at]
+    logprobs, entropies = [], []
+    for start in range(0, hidden.shape[0], LOGIT_CHUNK):
+        h, targets = hidden[start:start + LOGIT_CHUNK], mb.targets[start:start + LOGIT_CHUNK]
+        keep_graph = torch.is_grad_enabled()
+        if keep_graph:
+            logprobs.append(checkpoint(_chunk_logprobs, head, h, targets, use_reentrant=False))
+        else:
+            logprobs.append(_chunk_logprobs(head, h, targets))
+        if with_entropy:
+            if entropy_grad and keep_graph:
+                entropies.append(checkpoint(_chunk_entropy, head, h, use_reentrant=False))
+            else:
+                with torch.no_grad():
+                    entropies.append(_chunk_entropy(head, h.detach()))
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    return (torch.cat(logprobs) if logprobs else empty), ((torch.cat(entropies) if entropies else empty) if with_entropy else None)
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """The model's decoder and output embedding, when its logits are exactly ``head(hidden)``."""
+    config = getattr(model, "config", None)
+    if any(getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")):
+        return None, None
+    get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
+    decoder, head = (get_decoder() if get_decoder else None), (get_head() if get_head else None)
+    return (decoder, head) if decoder is not None and head is not None else (None, None)
+
+
+def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _chunk_entropy(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    return entropy_from_logits(head(hidden).float())
+
+
+def _score_whole(policy: nn.Module, mb: MicroBatch, with_entropy: bool, entropy_grad: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     out = policy(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, logits_to_keep=mb.predict_at)
     logits = out.logits[0].float()
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, mb.targets[:, None]).squeeze(-1)

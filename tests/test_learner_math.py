@@ -306,6 +306,36 @@ def test_packed_logprobs_equal_unpacked_ones_and_packing_without_restarting_posi
         assert (naive - lp).abs().max() > 1e-2, "the check above would pass without packed attention"
 
 
+def test_logprobs_and_entropy_made_a_chunk_of_positions_at_a_time_equal_the_whole_logits_values_and_gradients(
+        tiny_model_dir, monkeypatch):
+    """A 131,072-token row at Qwen's vocabulary held ~200 GiB of logits made whole; chunked, the
+    scores and their gradients must be the very same."""
+    from learner import models
+
+    model = models.load_policy(tiny_model_dir, torch.float32, "sdpa", grad_checkpointing=False).train()
+    seqs, _ = _random_sequences([11, 23, 6, 17])
+    (mb,) = pack(seqs, token_budget=1000)
+
+    def scored(chunk: int):
+        monkeypatch.setattr(models, "LOGIT_CHUNK", chunk)
+        model.zero_grad()
+        lp, entropy = models.score_tokens(model, mb, with_entropy=True, entropy_grad=True)
+        (lp.sum() + 0.1 * entropy.sum()).backward()
+        return lp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    whole_lp, whole_entropy, whole_grads = scored(10**9)
+    chunked_lp, chunked_entropy, chunked_grads = scored(5)  # 43 positions in 9 chunks
+    assert mb.num_generated > 5 * 4
+    assert torch.allclose(whole_lp, chunked_lp, atol=1e-5) and torch.allclose(whole_entropy, chunked_entropy, atol=1e-5)
+    assert whole_grads.keys() == chunked_grads.keys()
+    for name, grad in whole_grads.items():
+        assert torch.allclose(grad, chunked_grads[name], atol=1e-5, rtol=1e-4), name
+    monkeypatch.setattr(models, "LOGIT_CHUNK", 5)
+    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, logits_to_keep=mb.predict_at).logits[0]
+    direct = torch.log_softmax(logits.float(), -1).gather(-1, mb.targets[:, None]).squeeze(-1)
+    assert torch.allclose(direct.detach(), chunked_lp, atol=1e-5)  # the same as Hugging Face's own head
+
+
 # --------------------------------------------------------------------------- RFT filter
 
 
