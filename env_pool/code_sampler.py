@@ -254,7 +254,7 @@ def _parse(data: bytes, samples: list[Sample], maps: list[tuple[int, Mapping]]) 
                 "IIQQQIIQQII", data, body)
             name_at = body + 64
             raw = data[name_at:pos + size - 16]  # sample_id (pid, tid, time) closes the record
-            path = raw.split(b"\0", 1)[0].decode(errors="replace")
+            path = os.fsdecode(raw.split(b"\0", 1)[0])
             when = struct.unpack_from("Q", data, pos + size - 8)[0]
             maps.append((pid, Mapping(addr, addr + length, (major, minor), inode, path, when)))
         elif kind == _RECORD_LOST:
@@ -267,7 +267,10 @@ def read_maps(pid: int) -> list[Mapping]:
     """The executable mappings of ``pid``, as the kernel shows them to this process."""
     out = []
     try:
-        text = Path(f"/proc/{pid}/maps").read_text()
+        # As bytes, decoded as the OS would: a path that is not UTF-8 (the candidate names its files)
+        # raised UnicodeDecodeError here, which the harness reported as its own fault, infra, so a
+        # failing candidate's trajectory was dropped instead of scored (the red team's rt3_maps_undecodable_infra).
+        text = os.fsdecode(Path(f"/proc/{pid}/maps").read_bytes())
     except OSError:
         return out
     for line in text.splitlines():
@@ -324,11 +327,16 @@ class CodeIdentity:
         library in its place gets a new inode number, never the old one back (a freed inode's
         number is reused at once on ext4)."""
         own, held = set(), []
-        for path in own_libraries(scratch):
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            held.append(fd)
-            st = os.fstat(fd)
-            own.add((st.st_dev, st.st_ino))
+        try:
+            for path in own_libraries(scratch):
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                held.append(fd)
+                st = os.fstat(fd)
+                own.add((st.st_dev, st.st_ino))
+        except BaseException:
+            for fd in held:  # a failure here must not leave the harness holding them
+                os.close(fd)
+            raise
         prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
         prefixes |= {os.path.realpath(p) for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
         prefixes |= {"/usr", "/lib", "/lib64", "/lib32", "/opt", "/bin", "/sbin"}
@@ -369,11 +377,32 @@ class CodeIdentity:
         return "library", _short(path)
 
 
+MAX_OWN_LIBRARIES = 64  # a load_inline build leaves one library per extension: more is not a build
+
+
+class TooManyLibraries(ValueError):
+    """The build left more libraries than a build makes (the red team left 25,000, and the harness
+    held a descriptor for each until it had none left for anything else)."""
+
+
 def own_libraries(scratch: Path) -> list[Path]:
     """The libraries in a scratch folder that count as the candidate's own code once sealed:
-    kernel.so and what a load_inline build left (evaluate.py seals them, CodeIdentity holds them)."""
-    found = [scratch / "kernel.so", *sorted((scratch / EXTENSIONS).glob("*/*.so"))]
-    return [p for p in found if p.is_file() and not p.is_symlink()]
+    kernel.so and what a load_inline build left (evaluate.py seals them, CodeIdentity holds them).
+
+    Only regular files whose every folder is a real folder inside the scratch folder: a symlink
+    ``.torch_extensions/lib -> torch/lib`` once made libtorch_cpu.so the candidate's "own" code
+    (and had the worker seal torch's own libraries). Raises TooManyLibraries past MAX_OWN_LIBRARIES."""
+    found = [scratch / "kernel.so"]
+    extensions = scratch / EXTENSIONS
+    if extensions.is_dir() and not extensions.is_symlink():
+        for folder in sorted(extensions.iterdir()):
+            if folder.is_dir() and not folder.is_symlink():
+                found += sorted(p for p in folder.iterdir() if p.suffix == ".so")
+    root = os.path.realpath(scratch)
+    own = [p for p in found if not p.is_symlink() and p.is_file() and os.path.realpath(p).startswith(root + os.sep)]
+    if len(own) > MAX_OWN_LIBRARIES:
+        raise TooManyLibraries(f"the build left {len(own)} libraries (at most {MAX_OWN_LIBRARIES}): not a build's output")
+    return own
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import msgpack
 
 from env_pool import cuda_arch, host_pressure, inline_pch
-from env_pool.code_sampler import EXTENSIONS, own_libraries
+from env_pool.code_sampler import EXTENSIONS, TooManyLibraries, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
@@ -287,7 +287,8 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
         shutil.copyfile(built.library, scratch / "kernel.so")
-        seal(scratch / "kernel.so")
+        if not seal(scratch / "kernel.so"):
+            return _set_failure(result, "infra", "the compiled kernel.so could not be sealed in the scratch folder")
         return True
     if "cpp_extension" not in files[SOLUTION_FILE]:
         return True  # plain Python: the candidate's own server imports it
@@ -314,12 +315,43 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
                 if machine:
                     kind, why = "infra", f"{why}, but the fault is the machine's: {machine}"
             return _set_failure(result, kind, f"importing {SOLUTION_FILE} failed: {why}")
+        oversized = build_bounds(scratch / EXTENSIONS)
+        if oversized:
+            result.compile_s = time.perf_counter() - begin
+            return _set_failure(result, "compile_error", f"importing {SOLUTION_FILE} left {oversized}: more than a build "
+                                                         "makes (keep the import to load_inline's own build)")
         _store(scratch / EXTENSIONS, cached)
     result.compile_s = time.perf_counter() - begin
     # What the build left is the candidate's own code from here on (and only what it left now).
-    for library in own_libraries(scratch):
-        seal(library)
+    try:
+        libraries = own_libraries(scratch)
+    except TooManyLibraries as err:
+        return _set_failure(result, "compile_error", f"importing {SOLUTION_FILE}: {err}")
+    if not all(seal(library, scratch) for library in libraries):
+        return _set_failure(result, "compile_error", f"importing {SOLUTION_FILE} left a library that is not a file of its own")
     return True
+
+
+MAX_BUILD_FILES = 256  # a load_inline build folder holds its sources, ninja's files, objects and a library
+MAX_BUILD_MB = 128  # apparent size: a sparse file counts at its length (the red team's 1 GiB hole filled the cache's disk)
+
+
+def build_bounds(folder: Path) -> str:
+    """What is too much in an import step's build folder ("" when it is a build's size): it is kept
+    in the worker's cache for later evaluations, so its size is the worker's disk."""
+    count = size = 0
+    for root, dirs, names in os.walk(folder):  # symlinks are not followed (they are counted, never read)
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            count += 1
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    if count > MAX_BUILD_FILES:
+        return f"{count} files (at most {MAX_BUILD_FILES})"
+    if size > MAX_BUILD_MB << 20:
+        return f"{size >> 20} MB (at most {MAX_BUILD_MB} MB)"
+    return ""
 
 
 def machine_at_fault(verdict: dict, cpus: list[int], harness: HarnessProcess | None = None) -> dict:
@@ -365,17 +397,23 @@ def _store(built: Path, cached: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def seal(target: Path) -> None:
+def seal(target: Path, scratch: Path | None = None) -> bool:
     """Make a built library in the scratch folder unchangeable by the candidate's server.
 
     The harness's code sampler counts code in these files (by inode) as the candidate's own:
     were one writable, a candidate could overwrite it with a library's code before loading it.
     Read-only, and owned by nobody when this worker is root: the candidate's process has no
     capabilities, so it can neither write nor chmod it (replacing it makes a new inode).
+    False, and nothing touched, for anything but a regular file inside ``scratch``: a root worker
+    must never change a file the candidate merely pointed at (torch's own libraries, once).
     """
+    inside = os.path.realpath(scratch or target.parent) + os.sep
+    if target.is_symlink() or not target.is_file() or not os.path.realpath(target).startswith(inside):
+        return False
     os.chmod(target, 0o555)
     if os.geteuid() == 0:
-        os.chown(target, 65534, 65534)
+        os.chown(target, 65534, 65534, follow_symlinks=False)
+    return True
 
 
 def keep_baselines(ctx: EvalContext, key: tuple[str, str], verdict: dict) -> dict:

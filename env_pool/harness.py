@@ -613,10 +613,18 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     rounds.payload = payload
     warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
     full = payload["mode"] == "full"
+    sets = rounds.discrimination()
+    # Timed rounds, the baselines' and the candidate's alike, on inputs that need the whole
+    # computation: a task whose own inputs let a trivial kernel pass (all-positive ReLU inputs)
+    # is timed on its first discriminating set. Timed on its own sets, a kernel that recognised
+    # them returned its input there and computed only on the checked sets (rt3_relu_sign_probe).
+    timed_set = rounds.transformed(sets.needed[0]) if sets.needed else None
+    timed_label = sets.needed[0] if sets.needed else "own"
     if payload.get("baseline"):
         try:
             runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None),
-                                                   ("eager", warmup + reps, False, None), ("compiled", warmup + reps, False, None)],
+                                                   ("eager", [timed_set] * (warmup + reps), False, None),
+                                                   ("compiled", [timed_set] * (warmup + reps), False, None)],
                                    Path(payload["reference_cwd"]), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
@@ -646,11 +654,12 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     # sets, then the transformed sets it needs to tell a correct kernel from a trivial one
     # (tasks/discriminate.py), then the extreme sets (adversarial_inputs); timing reads only
     # the last `reps` rounds.
-    sets = rounds.discrimination()
+    checking = sets.needed + sets.guards
     extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if payload.get("adversarial") else []
-    candidate_rounds = ([None] * checked + [rounds.transformed(name) for name in sets.needed] + extreme
-                        + ([None] * (warmup + reps) if full else []))
-    labels = ["own"] * checked + sets.needed + list(ADVERSARIAL[:len(extreme)]) + ["own"] * (warmup + reps if full else 0)
+    candidate_rounds = ([None] * checked + [rounds.transformed(name) for name in checking] + extreme
+                        + ([timed_set] * (warmup + reps) if full else []))
+    labels = (["own"] * checked + checking + list(ADVERSARIAL[:len(extreme)])
+              + [timed_label] * (warmup + reps if full else 0))
     result["verification_sets"] = sets.needed
     if not sets.ok:
         result["verification_note"] = (f"this task's outputs cannot tell a correct kernel from a trivial one on any set the "

@@ -30,8 +30,9 @@ makes the kernel refuse them for every thread of the candidate's process:
   ENOSYS): the one file that writes code, ``/proc/self/mem``, writes through read-only
   mappings, and a server writes no file once candidate code runs (its outputs are read from
   its memory). ``ptrace`` and ``process_vm_writev`` (another way into a process's memory),
-  ``userfaultfd`` (a page that stalls the harness's read of an output) and ``io_uring_setup``
-  (system calls this filter would not see) fail with EPERM too. dlopen maps files read-only,
+  ``userfaultfd`` (a page that stalls the harness's read of an output), ``io_uring_setup``
+  (system calls this filter would not see) and ``shmat`` with SHM_EXEC (a SysV segment attached
+  executable, written through another attach: the red team's rt3_shm_exec_jit) fail with EPERM too. dlopen maps files read-only,
   so ``ctypes.CDLL`` of kernel.so still works; JIT compilers (oneDNN's, in torch's CPU
   fallbacks) fail.
 - Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,
@@ -85,13 +86,13 @@ _ARCHES = {
                "mmap": 9, "mprotect": 10, "pkey_mprotect": 329, "mremap": 25, "remap_file_pages": 216,
                "memfd_create": 319, "personality": 135, "unshare": 272, "setns": 308,
                "open": 2, "openat": 257, "creat": 85, "openat2": 437, "ptrace": 101, "process_vm_writev": 311,
-               "userfaultfd": 323, "io_uring_setup": 425},
+               "userfaultfd": 323, "io_uring_setup": 425, "shmat": 30},
     "aarch64": {"audit_arch": 0xC00000B7, "seccomp": 277, "execve": 221, "execveat": 281,
                 "clone": 220, "clone3": 435, "sched_setaffinity": 122, "x32": False,
                 "mmap": 222, "mprotect": 226, "pkey_mprotect": 288, "mremap": 216, "remap_file_pages": 234,
                 "memfd_create": 279, "personality": 92, "unshare": 97, "setns": 268,
                 "openat": 56, "openat2": 437, "ptrace": 117, "process_vm_writev": 271, "userfaultfd": 282,
-                "io_uring_setup": 425},
+                "io_uring_setup": 425, "shmat": 196},
 }
 # Refused with EPERM: calls that would let code appear without the kernel naming its file to the
 # harness's code sampler (env_pool/code_sampler.py), or move a mapping under another's name.
@@ -100,6 +101,7 @@ _NO_NEW_CODE = ("mremap", "remap_file_pages", "memfd_create", "personality", "un
 PROT_WRITE, PROT_EXEC = 0x2, 0x4
 MAP_ANONYMOUS = 0x20
 O_WRITING = 0x3  # O_WRONLY | O_RDWR: an open for writing
+SHM_EXEC = 0o100000  # shmat's flag for an executable attach
 
 # What the harness sees when the filter fires (the server's death signal).
 KILL_SIGNAL = signal.SIGSYS.name
@@ -131,6 +133,7 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
     if "open" in nums:
         prog.append((_JEQ_K, "open", 0, nums["open"]))
     prog += [
+        (_JEQ_K, "shmat", 0, nums["shmat"]),
         (_JEQ_K, "openat", 0, nums["openat"]),
         (_JEQ_K, "exec_prot", 0, nums["mprotect"]),
         (_JEQ_K, "exec_prot", 0, nums["pkey_mprotect"]),
@@ -147,6 +150,9 @@ def _program(nums: dict) -> list[tuple[int, int, int, int]]:
         "open",  # open(path, flags): writing refused
         (_LD_W_ABS, 0, 0, _ARG0_LOW + 8),
         (_JSET_K, "eperm", "allow", O_WRITING),
+        "shmat",  # shmat(id, addr, flags): executable SysV shared memory (writable by its other attach) refused
+        (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),
+        (_JSET_K, "eperm", "allow", SHM_EXEC),
         "openat",  # openat(dirfd, path, flags): writing refused
         (_LD_W_ABS, 0, 0, _ARG0_LOW + 16),
         (_JSET_K, "eperm", "allow", O_WRITING),

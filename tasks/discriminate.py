@@ -54,15 +54,26 @@ def _special(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
+def _sparse_sign(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A few scattered sign changes (one value in a thousand): a kernel that probes some values to
+    decide which set it is given (the red team's rt3_relu_sign_probe) meets a set it misjudges."""
+    flip = torch.rand(x.shape, generator=gen, device=x.device) < SPARSE_SHARE
+    return torch.where(flip, torch.where(x >= 0, -x - 1, 1 - x), x)
+
+
 # Tried in this order, each only while the sets so far do not discriminate.
 TRANSFORMS: dict[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = {
     "shift": _shift, "sign_flip": _sign_flip, "normal": _normal, "special": _special,
 }
+# Applied by transform_inputs too, but never chosen by plan(): the harness adds it beside the sets
+# a task needs, so a set that looks like the task's own can still hold a few values of the other sign.
+SPARSE_SIGN = "sparse_sign"
+SPARSE_SHARE = 1e-3
 
 
 def transform_inputs(name: str, inputs: list[Any], seed: int) -> list[Any]:
     """``inputs`` through the named transform: floating-point tensors changed, everything else as it is."""
-    fn = TRANSFORMS[name]
+    fn = _sparse_sign if name == SPARSE_SIGN else TRANSFORMS[name]
     out = []
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -91,6 +102,7 @@ class Discrimination:
     """The sets a task needs (``needed``: transform names beyond its own inputs) and what stays trivial."""
 
     needed: list[str] = field(default_factory=list)
+    guards: list[str] = field(default_factory=list)  # sets checked besides (SPARSE_SIGN where a sign change was needed)
     trivial: list[str] = field(default_factory=list)  # what still passes every set: "output 0 = zeros", ...
     skipped: list[str] = field(default_factory=list)  # transforms whose reference was not finite, with why
 
@@ -169,6 +181,9 @@ def plan(run: Callable[[list[Any]], list[torch.Tensor]], make: Callable[[], list
         tracker.add(inputs, outputs)
         result.needed.append(name)
     result.trivial = tracker.trivial()
+    if {"shift", "sign_flip"} & set(result.needed) and all(
+            bool(torch.isfinite(o).all()) for o in run(transform_inputs(SPARSE_SIGN, make(), seed + 7)) if o.is_floating_point()):
+        result.guards.append(SPARSE_SIGN)
     return result
 
 

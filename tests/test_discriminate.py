@@ -22,6 +22,7 @@ def test_relu_of_positive_inputs_needs_a_sign_change_before_identity_fails():
     made = lambda: [torch.rand(64, 256)]  # noqa: E731  (KernelBench level1/19_ReLU's torch.rand)
     sets = planned(torch.relu, made)
     assert sets.ok and sets.needed == ["shift"], sets  # relu(x) == x on every positive set: a kernel returning x passed
+    assert sets.guards == ["sparse_sign"]  # and a set with scattered negatives, against kernels that probe for them
     own = plan(lambda inputs: [torch.relu(*inputs)], made, TOL, transforms=False)
     assert own.trivial == ["the output = input 0 (returned unchanged)"]
 
@@ -64,9 +65,11 @@ def test_a_transform_whose_reference_is_not_finite_is_skipped_and_named():
 
 def test_transforms_keep_shapes_dtypes_and_non_float_inputs():
     x, idx = torch.rand(8, 8), torch.arange(8)
-    for name in ("shift", "sign_flip", "normal", "special"):
+    for name in ("shift", "sign_flip", "normal", "special", "sparse_sign"):
         out, same = transform_inputs(name, [x, idx], seed=1)
         assert out.shape == x.shape and out.dtype == x.dtype and same is idx
+    sparse = transform_inputs("sparse_sign", [torch.rand(100_000)], seed=3)[0]
+    assert 20 < int((sparse < 0).sum()) < 300  # a few scattered negatives among positives
     special = transform_inputs("special", [torch.rand(10_000)], seed=2)[0]
     assert (special == 0).any() and torch.signbit(special[special == 0]).any() and (special.abs() == 100).any()
 

@@ -134,7 +134,7 @@ def test_adversarial_inputs_add_extreme_sets_that_a_correct_kernel_passes(tmp_pa
 def test_a_task_whose_own_inputs_cannot_tell_relu_from_identity_gets_sign_changing_sets(pools, tasks):
     case = {"task": "level1/17_relu", "backend": "cpp"}
     good = evaluate(pools, tasks, CORPUS / "legit" / "relu_omp", case, "verify")
-    assert good.failure is None and [c.inputs for c in good.checks] == ["own"] * 5 + ["shift"], good.message
+    assert good.failure is None and [c.inputs for c in good.checks] == ["own"] * 5 + ["shift", "sparse_sign"], good.message
     lazy = evaluate(pools, tasks, CORPUS / "hacks" / "identity_relu", case, "verify")
     # right on all five of the task's own sets (rounds 0-4), wrong on the first that changes a sign
     assert lazy.failure == "wrong" and "wrong on round 5 (inputs: shift)" in lazy.message, lazy.message

@@ -76,4 +76,5 @@ def test_the_candidate_never_runs_while_its_inputs_are_written(tmp_path):
     pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 9, "warmup": 3, "run_timeout_s": 60.0, "pch_dir": ""})
     result = asyncio.run(pool.evaluate(task, files, "full"))
     assert result.failure is None, f"{result.failure}: {result.message}\n{result.run_log[-1500:]}"
-    assert len(result.checks) == 5 + 1 + 3 + 9  # the task's sets, its sign-changing one, warm-up and timed rounds
+    # the task's own sets, its sign-changing ones, then warm-up and timed rounds on the shifted set
+    assert [c.inputs for c in result.checks] == ["own"] * 5 + ["shift", "sparse_sign"] + ["shift"] * 12

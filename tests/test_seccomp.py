@@ -183,11 +183,13 @@ def test_the_code_of_a_file_cannot_be_changed_in_memory_and_files_still_read(tmp
         refused("process_vm_writev", libc.syscall(311, os.getpid(), None, 0, None, 0, 0))
         refused("userfaultfd", libc.syscall(323, 0))
         refused("io_uring_setup", libc.syscall(425, 8, None))
+        libc.shmat.restype = ctypes.c_void_p
+        refused("shmat executable", libc.shmat(libc.shmget(0, 4096, 0o1600), None, 0o100000))
         print("mapped read-exec", libc.mmap(None, 4096, 5, 0x02, fd, 0) not in (None, ctypes.c_void_p(-1).value))
         print("read", len(open({str(source)!r}).read()), json.dumps(1), ctypes.CDLL({str(tmp_path / 'k.so')!r}).twice(21))
     """)
     assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr[-2000:]
     for name in ("writable exec mmap of a file", "open /proc/self/mem for writing", "openat /proc/self/mem for writing",
-                 "openat2", "ptrace", "process_vm_writev", "userfaultfd", "io_uring_setup"):
+                 "openat2", "ptrace", "process_vm_writev", "userfaultfd", "io_uring_setup", "shmat executable"):
         assert f"{name} refused" in proc.stdout, proc.stdout
     assert "mapped read-exec True" in proc.stdout and "read 35 1 42" in proc.stdout, proc.stdout
