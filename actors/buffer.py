@@ -22,8 +22,8 @@ class TrajectoryBuffer:
     """
 
     def __init__(self, capacity: int = 64, max_staleness: int = 1, stale_policy: str = "drop",
-                 stale_weight: float = 0.5, version: int = 0):
-        self.queue = TrajectoryQueue(capacity, max_staleness, stale_policy, stale_weight, version)
+                 stale_weight: float = 0.5, version: int = 0, max_turn_staleness: int = 4):
+        self.queue = TrajectoryQueue(capacity, max_staleness, stale_policy, stale_weight, version, max_turn_staleness)
 
     async def put(self, meta: Mapping[str, Any], refs: list[Any]) -> str:
         # The reference comes wrapped in a list: Ray resolves top-level ObjectRef arguments, and the

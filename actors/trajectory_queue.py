@@ -7,11 +7,15 @@ decides what to keep and what to serve without ever seeing a trajectory.
 
 - Bounded: a put waits while the queue is full, so generators slow down to the learner's pace
   instead of piling up trajectories that would go stale anyway (backpressure).
-- Staleness: a trajectory's staleness is the learner's current version minus the *oldest*
-  policy version among its turns (weights are swapped mid-episode, and the oldest turn is the
-  most off-policy). Beyond ``stage.max_staleness`` it is dropped, or served with a smaller loss
-  weight (``stage.stale_policy``). Judged again at serve time, since the learner moves on while
-  trajectories wait.
+- Staleness: a trajectory's staleness is the learner's current version minus the *newest*
+  policy version among its turns (weights are swapped mid-episode). Beyond ``stage.max_staleness``
+  it is dropped, or served with a smaller loss weight (``stage.stale_policy``). Its older turns
+  are corrected token by token by the learner (decoupled PPO: the sampler's logprobs, the
+  proximal policy, an importance weight capped at ``learner.importance_cap``), within a bound:
+  an episode whose *oldest* turn is more than ``stage.max_turn_staleness`` versions behind is
+  dropped whatever its newest. Judged by the oldest turn alone, every episode that spanned more
+  than one learner step was dropped in asynchronous mode: short episodes kept, long ones lost.
+  Judged again at serve time, since the learner moves on while trajectories wait.
 - Exactly once: an episode_id is accepted once; a rerun of an episode already accepted (its
   generator died after pushing) is answered "duplicate" and not counted again.
 - Lost trajectories: ``forget`` un-accepts episodes whose trajectories were lost before the
@@ -73,7 +77,7 @@ class TrajectoryMeta:
 class BatchItem:
     meta: TrajectoryMeta
     ref: Any  # ray.ObjectRef of the Trajectory
-    staleness: int  # learner version minus meta.version_min when served
+    staleness: int  # learner version minus meta.version_max (its newest turn) when served
     weight: float = 1.0  # loss weight: below 1 only for downweighted stale trajectories
 
 
@@ -131,6 +135,7 @@ def buffer_options(stage: Any) -> dict[str, Any]:
     get = stage.get if hasattr(stage, "get") else lambda k: getattr(stage, k)
     policy = get("stale_policy")
     return {"capacity": get("buffer_capacity"), "max_staleness": get("max_staleness"),
+            "max_turn_staleness": get("max_turn_staleness"),
             "stale_policy": str(getattr(policy, "value", policy)), "stale_weight": get("stale_weight")}
 
 
@@ -144,7 +149,7 @@ class TrajectoryQueue:
     """The buffer's logic on one asyncio loop; every public coroutine is safe to call concurrently."""
 
     def __init__(self, capacity: int = 64, max_staleness: int = 1, stale_policy: str = "drop",
-                 stale_weight: float = 0.5, version: int = 0):
+                 stale_weight: float = 0.5, version: int = 0, max_turn_staleness: int = 4):
         if capacity < 1:
             raise ValueError(f"stage.buffer_capacity must be at least 1, got {capacity}")
         if max_staleness < 0:
@@ -153,8 +158,12 @@ class TrajectoryQueue:
             raise ValueError(f"stage.stale_policy must be one of {', '.join(STALE_POLICIES)}, got {stale_policy!r}")
         if not 0.0 < stale_weight <= 1.0:
             raise ValueError(f"stage.stale_weight must be in (0, 1], got {stale_weight}")
+        if max_turn_staleness < max_staleness:
+            raise ValueError(f"stage.max_turn_staleness ({max_turn_staleness}) must be at least stage.max_staleness "
+                             f"({max_staleness}): an episode's oldest turn is never newer than its newest")
         self.capacity = capacity
         self.max_staleness = max_staleness
+        self.max_turn_staleness = max_turn_staleness
         self.stale_policy = stale_policy
         self.stale_weight = stale_weight
         self._items: deque[_Entry] = deque()
@@ -260,10 +269,11 @@ class TrajectoryQueue:
     # -- internals ---------------------------------------------------------------------
 
     def _staleness(self, meta: TrajectoryMeta) -> int:
-        return max(0, self._stats.version - meta.version_min)
+        return max(0, self._stats.version - meta.version_max)
 
     def _too_stale(self, meta: TrajectoryMeta) -> bool:
-        return self._staleness(meta) > self.max_staleness
+        oldest = self._stats.version - meta.version_min
+        return self._staleness(meta) > self.max_staleness or oldest > self.max_turn_staleness
 
     def _purge_stale(self) -> int:
         if self.stale_policy != "drop":

@@ -229,9 +229,10 @@ class StageConfig:
     name: StageName = StageName.recipe  # launch/train.py: which training stage to run
     steps: int = 100  # launch/train.py: optimiser steps in this stage
     batch_episodes: int = 16  # launch/train.py: episodes per learner step
-    max_staleness: int = 1  # actors/trajectory_queue.py: trajectories more than this many policy versions old are stale (see stale_policy)
+    max_staleness: int = 1  # actors/trajectory_queue.py: trajectories whose newest turn is more than this many policy versions old are stale (see stale_policy)
     stale_policy: StalePolicy = StalePolicy.drop  # actors/trajectory_queue.py: what happens to stale trajectories: drop or downweight
     stale_weight: float = 0.5  # actors/trajectory_queue.py: with downweight: the loss weight is this to the power of the versions beyond max_staleness
+    max_turn_staleness: int = 4  # actors/trajectory_queue.py: an episode whose oldest turn is more than this many versions old is dropped; its turns between max_staleness and this are trained with the learner's capped importance weights (learner.importance_cap)
     buffer_capacity: int = 64  # actors/trajectory_queue.py: trajectories the buffer holds before generators' puts wait (backpressure)
     sync_every: int = 1  # launch/train.py: push weights to generators every this many learner steps
     checkpoint_every: int = 10  # launch/train.py: save a checkpoint every this many steps

@@ -190,8 +190,9 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
             while step < steps:
                 try:
                     if background is None:
-                        await feeder.run_count(cfg.stage.batch_episodes)
-                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler)
+                        metrics, episodes = await synchronous_step(kind, cfg, system, feeder, assembler)
+                    else:
+                        metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler)
                     await after_step(cfg, system, step, steps, metrics)
                 except LearnerDied as err:
                     learner_restarts += 1
@@ -316,9 +317,26 @@ def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]
             f.write(json.dumps({"step": step, "stage": stage, **e}) + "\n")
 
 
+async def synchronous_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
+                           assembler: GroupAssembler | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A synchronous step: a round of stage.batch_episodes episodes, then the learner on exactly
+    those of them the buffer accepted (never a wait for one it dropped)."""
+    want = accepted(await feeder.run_count(cfg.stage.batch_episodes))
+    return await learner_step(kind, cfg, system, feeder, None, assembler, want)
+
+
+def accepted(answers: list[Any]) -> int:
+    """How many of a synchronous round's episodes the buffer accepted (the rest were duplicates,
+    stale or unjudged: an infra verdict). The driver draws that many: waiting for the episodes it
+    asked for, one dropped episode left the batch short and the driver waiting for ever."""
+    return sum(answer == "accepted" for answer in answers)
+
+
 async def draw(system: System, feeder: JobFeeder, background: asyncio.Task | None,
                episodes: int) -> tuple[list[tuple[Any, Any]], int]:
     """A batch from the buffer as (buffer item, trajectory) pairs; lost trajectories go back to be rerun."""
+    if episodes <= 0:  # synchronous, and nothing of the round reached the buffer
+        return [], 0
     batch = await first_of(system.buffer.get_batch.remote(max_episodes=episodes), background)
     fetched = fetch(batch)
     if fetched.lost:
@@ -348,8 +366,8 @@ async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, backgroun
         if len(ready) >= want or draws >= cfg.stage.group_draws:
             break
         missing = want - len(ready)
-        if background is None:  # synchronous mode: nothing generates unless asked
-            await feeder.run_count(missing)
+        if background is None:  # synchronous mode: nothing generates unless asked, and only what arrives is drawn
+            missing = accepted(await feeder.run_count(missing))
         pairs, more_lost = await draw(system, feeder, background, missing)
         drawn += [t for _, t in pairs]
         lost += more_lost
@@ -360,11 +378,12 @@ async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, backgroun
 
 
 async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
-                       assembler: GroupAssembler | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One batch from the buffer to the learner (whole groups, with an assembler); lost
-    trajectories go back to be rerun."""
+                       assembler: GroupAssembler | None = None, want: int | None = None
+                       ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One batch of ``want`` episodes (default stage.batch_episodes) from the buffer to the learner
+    (whole groups, with an assembler); lost trajectories go back to be rerun."""
     started = time.perf_counter()
-    pairs, lost = await draw(system, feeder, background, cfg.stage.batch_episodes)
+    pairs, lost = await draw(system, feeder, background, cfg.stage.batch_episodes if want is None else want)
     drawn = [t for _, t in pairs]
     keys: list[str] | None = None
     group_metrics: dict[str, float] = {}

@@ -98,20 +98,42 @@ def test_a_learner_waiting_on_a_buffer_too_small_for_its_batch_is_served_when_th
 
 def test_stale_trajectories_are_dropped_on_arrival_and_while_waiting_under_the_drop_policy():
     async def scenario():
-        q = TrajectoryQueue(capacity=8, max_staleness=1, stale_policy="drop")
+        q = TrajectoryQueue(capacity=8, max_staleness=1, stale_policy="drop", max_turn_staleness=2)
         for name, versions in [("v0", (0,)), ("v1", (1,)), ("v2", (2,)), ("mixed", (0, 2))]:
             assert await q.put(meta(name, versions), name) == "accepted"
-        await q.set_version(2)  # v0 and the episode that began under version 0 are now 2 versions old
-        assert q.stats().depth == 2 and q.stats().dropped_stale == 2
+        await q.set_version(2)  # v0 is now 2 versions old; "mixed" began under 0 but its newest turn is 2's
+        assert q.stats().depth == 3 and q.stats().dropped_stale == 1
         assert await q.put(meta("late", (0,)), "late") == "dropped_stale"
         batch = await q.get_batch(max_episodes=8, timeout_s=0)
-        assert batch.refs == ["v1", "v2"] and batch.version == 2
-        assert [(i.staleness, i.weight) for i in batch.items] == [(1, 1.0), (0, 1.0)]
+        assert batch.refs == ["v1", "v2", "mixed"] and batch.version == 2
+        assert [(i.staleness, i.weight) for i in batch.items] == [(1, 1.0), (0, 1.0), (0, 1.0)]
         stats = q.stats()
-        assert (stats.put, stats.dropped_stale, stats.served) == (5, 3, 2)
-        assert stats.staleness == {1: 1, 0: 1} and stats.staleness_mean == 0.5
+        assert (stats.put, stats.dropped_stale, stats.served) == (5, 2, 3)
+        assert stats.staleness == {1: 1, 0: 2}
         with pytest.raises(ValueError, match="must not go backwards: 2 -> 1"):
             await q.set_version(1)
+    run(scenario())
+
+
+def test_a_long_episode_spanning_several_learner_steps_is_kept_within_the_turn_bound():
+    """Judged by its oldest turn, every episode that outlived one learner step was dropped in
+    asynchronous mode: the short ones trained on, the long ones lost. Its newest turn decides now,
+    its older turns are the learner's to correct (capped importance weights), up to a bound."""
+    async def scenario():
+        q = TrajectoryQueue(capacity=8, max_staleness=1, stale_policy="drop", max_turn_staleness=3)
+        spans = {"short": (3,), "long": (0, 1, 2, 3), "too_long": (0, 1, 2, 3)}
+        for name, versions in spans.items():
+            assert await q.put(meta(name, versions), name) == "accepted"
+        await q.set_version(3)
+        batch = await q.get_batch(max_episodes=8, timeout_s=0)
+        assert batch.refs == ["short", "long", "too_long"]  # the oldest turns 3 versions back: within the bound
+        for name, versions in {"older": (0, 4), "fresh": (4,)}.items():
+            assert await q.put(meta(name, versions), name) == "accepted"
+        await q.set_version(4)
+        batch = await q.get_batch(max_episodes=8, timeout_s=0)
+        assert batch.refs == ["fresh"] and q.stats().dropped_stale == 1  # 4 versions back: beyond the bound
+        with pytest.raises(ValueError, match="max_turn_staleness"):
+            TrajectoryQueue(max_staleness=3, max_turn_staleness=2)
     run(scenario())
 
 
@@ -233,8 +255,10 @@ def test_bad_settings_are_refused_naming_the_config_key(kwargs, message):
 
 
 def test_options_come_from_the_stage_config():
-    cfg = load_config([], ["stage.buffer_capacity=3", "stage.stale_policy=downweight", "stage.stale_weight=0.25"])
-    assert buffer_options(cfg.stage) == {"capacity": 3, "max_staleness": 1, "stale_policy": "downweight", "stale_weight": 0.25}
+    cfg = load_config([], ["stage.buffer_capacity=3", "stage.stale_policy=downweight", "stage.stale_weight=0.25",
+                           "stage.max_turn_staleness=6"])
+    assert buffer_options(cfg.stage) == {"capacity": 3, "max_staleness": 1, "max_turn_staleness": 6,
+                                         "stale_policy": "downweight", "stale_weight": 0.25}
 
 
 # --------------------------------------------------------------------------- the Ray actor
@@ -281,7 +305,7 @@ def test_trajectories_travel_by_reference_from_a_generator_to_the_learner(genera
     assert fetched.trajectories == [trajectory("e1", versions=(0, 1)), trajectory("e2", versions=(0, 1))]
     assert fetched.weights == [1.0, 1.0] and fetched.lost == []
     stats = ray.get(buffer.stats.remote())
-    assert (stats["put"], stats["duplicates"], stats["served"], stats["staleness"]) == (2, 1, 2, {1: 2})
+    assert (stats["put"], stats["duplicates"], stats["served"], stats["staleness"]) == (2, 1, 2, {0: 2})  # by the newest turn
     ray.kill(generator)
 
 

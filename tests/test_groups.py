@@ -136,14 +136,16 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
         def __init__(self):
             self.sampler, self.generated = sampler, []
 
-        async def run_count(self, n):
+        async def run_count(self, n):  # as JobFeeder.run_count: the buffer's answer for each episode
+            answers = []
             for _ in range(n):
                 task, episode_id = sampler.next()
                 k = sum(1 for e in self.generated if e.task_id == task["id"]) % 2
                 traj = _episode(episode_id, outcomes[task["id"]][k])
                 traj.task_id = task["id"]
                 self.generated.append(traj)
-                await queue.put(TrajectoryMeta.of(traj), traj)
+                answers.append(await queue.put(TrajectoryMeta.of(traj), traj))
+            return answers
 
     class Learner:
         world_size = 1
@@ -175,3 +177,53 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
         adv = [a for t, a in zip(tasks_trained, advantages) if t == task]
         assert sorted(adv) == pytest.approx([-1.0, 1.0], rel=1e-5), f"{task}: two episodes, one above and one below the group mean"
     assert len(episodes) == 6, "every drawn episode is logged, the dropped group's too"
+
+
+def test_a_synchronous_step_trains_on_what_reached_the_buffer_when_an_episode_is_dropped(monkeypatch):
+    """It waited for stage.batch_episodes items with no timeout: one episode the environment failed
+    to judge (an infra verdict: never trained on) left the driver waiting for ever."""
+    import asyncio
+
+    from actors.buffer_client import Fetched
+    from actors.system import System
+    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from launch import train as driver
+
+    try:
+        from tests.test_policy_version import Remote
+    except ImportError:
+        from test_policy_version import Remote
+
+    cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
+    queue = TrajectoryQueue(capacity=16)
+
+    class Feeder:  # JobFeeder.run_count's contract: the buffer's answer for each episode it ran
+        reruns = restarts = 0
+
+        async def run_count(self, n):
+            answers = []
+            for k in range(n):
+                traj = _episode(f"e{k}", 1.0)
+                if k == 2:
+                    traj.final_eval = {"failure": "infra", "message": "the env worker died"}
+                answers.append(await queue.put(TrajectoryMeta.of(traj), traj))
+            return answers
+
+    class Learner:
+        world_size = 1
+        trained: list = []
+
+        async def step(self, refs, sizes, weights, version=0, episode_advantages=None):
+            self.trained.append([t.episode_id for t in refs])
+            return {"policy_trained": 1.0}
+
+    async def nothing(*args, **kwargs):
+        return {}
+
+    learner = Learner()
+    system = System([], Remote(queue), [], learner)
+    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
+    monkeypatch.setattr(driver, "actor_load", nothing)
+    metrics, episodes = asyncio.run(asyncio.wait_for(driver.synchronous_step("ppo", cfg, system, Feeder()), 30))
+    assert learner.trained == [["e0", "e1", "e3"]] and len(episodes) == 3
+    assert queue.stats().dropped_unjudged == 1
