@@ -282,8 +282,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     try:
         report = run_synth(cfg, progress=cfg.logging.progress)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: every finished candidate is in {cfg.synth.out_dir}/manifest.jsonl; "
-                          "run the same command to continue")
+        err_console.print(f"interrupted: every finished candidate is in {cfg.synth.out_dir}/manifest.jsonl, the counts "
+                          "in report.json; run the same command to continue")
         return 130
     from rich.table import Table
 
