@@ -55,6 +55,15 @@ def settle_mode(starts_cluster: bool) -> None:
         _enable_token_auth()  # Ray's own: the variable, and its cached config read again
 
 
+def token_source() -> str:
+    """Where Ray takes the token from: RAY_AUTH_TOKEN first, then the file RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return f"RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}"
+    return "~/.ray/auth_token"
+
+
 def auth_failure(address: str, err: BaseException) -> str:
     """A one-line explanation of a request the cluster at ``address`` refused for its token, with the fix."""
     text = str(err)
@@ -62,7 +71,7 @@ def auth_failure(address: str, err: BaseException) -> str:
         return (f"the Ray cluster at {address} requires its authentication token, and RAY_AUTH_MODE=disabled here "
                 f"keeps it from being sent: unset RAY_AUTH_MODE")
     if "Forbidden" in text or text.startswith("Authentication failed"):  # 403: a token, not the cluster's
-        return (f"the Ray cluster at {address} refused the authentication token found here ({TOKEN_SOURCES}): it is "
+        return (f"the Ray cluster at {address} refused the authentication token here ({token_source()}): it is "
                 f"not the cluster's; copy the head's token here (`ray get-auth-token` on the head prints it) into "
                 f"~/.ray/auth_token, or set RAY_AUTH_TOKEN")
     return (f"the Ray cluster at {address} requires an authentication token and there is none here "

@@ -45,30 +45,31 @@ class JobError(RuntimeError):
     """A job command that cannot be carried out; the message says why and what to do."""
 
 
-def cluster_config(files: list[str], overrides: list[str], cwd: Path | None = None) -> DictConfig:
+def cluster_config(files: list[str], overrides: list[str]) -> DictConfig:
     """The config as the job's driver will use it: checked here, its paths resolved where they were typed
-    (``cwd``, the current folder by default), set for the cluster it joins."""
+    (the current folder), set for the cluster it joins."""
     cfg = load_config(files, overrides)
-    resolve_paths(cfg, job_paths(cfg, cwd))
+    resolve_paths(cfg, job_paths(cfg))
     cfg.cluster.address = "auto"
     cfg.cluster.num_cpus = None  # they size a private local cluster; the job joins the cluster's nodes
     cfg.cluster.num_gpus = None
     return cfg
 
 
-def job_paths(cfg: DictConfig, cwd: Path | None = None) -> Paths:
-    return Paths(cwd or Path.cwd(), PACKAGE_ROOT, cfg.job.excludes)
+def job_paths(cfg: DictConfig) -> Paths:
+    """Paths typed in the current folder, for a job that runs in a copy of this package."""
+    return Paths(Path.cwd(), PACKAGE_ROOT, cfg.job.excludes)
 
 
 def job_argv(command: str, policy: str | None, tasks: list[str] | None, solutions: str | None,
-             out: str | None, cfg: DictConfig, cwd: Path | None = None) -> list[str]:
+             out: str | None, cfg: DictConfig) -> list[str]:
     """The command's own options, as the driver's command line gets them (after the config file), their
     paths resolved as the config's are."""
     if command != "eval":
         if policy or tasks or solutions or out:
             raise JobError(f"--policy, --tasks, --solutions and --out are options of eval, not of {command}")
         return [command]
-    paths, argv = job_paths(cfg, cwd), ["eval"]
+    paths, argv = job_paths(cfg), ["eval"]
     argv += ["--policy", paths.spec(policy)] if policy else []
     argv += ["--solutions", paths.read(solutions)] if solutions else []
     if out:  # a run folder: under storage.root, as eval.out_dir
