@@ -31,6 +31,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from configs.load import ConfigError, load_config
+from launch import job_python
 from launch.job_paths import Paths, resolve_paths
 
 COMMANDS = ("train", "eval", "synth")
@@ -104,8 +105,6 @@ def client(address: str | None) -> Any:
 def submit(command: str, items: list[str], address: str | None = None, policy: str | None = None,
            tasks: list[str] | None = None, solutions: str | None = None, out: str | None = None) -> tuple[str, str]:
     """Submit ``cuda-agent COMMAND`` with this config as a Ray job; returns (job id, its run folder)."""
-    from launch import job_python
-
     if command not in COMMANDS:
         raise JobError(f"cuda-agent submit runs one of {', '.join(COMMANDS)}, not {command!r}")
     files = [i for i in items if "=" not in i]
@@ -142,11 +141,9 @@ def run_in_job() -> int:
 def list_jobs(address: str | None = None) -> list[dict[str, Any]]:
     """Every job the cluster knows, newest first: id, status, command, run folder, start and end (submit's
     checks of job.python apart)."""
-    from launch.job_python import CHECK_PREFIX
-
     rows = []
     for job in client(address).list_jobs():
-        if (job.submission_id or "").startswith(CHECK_PREFIX):  # submit's own try of job.python, not a run
+        if (job.submission_id or "").startswith(job_python.CHECK_PREFIX):  # submit's own try of job.python, not a run
             continue
         meta = job.metadata or {}
         rows.append({"id": job.submission_id or job.job_id, "status": str(getattr(job.status, "value", job.status)),

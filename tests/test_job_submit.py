@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_train_eval_and_synth_jobs_succeed_as_readme_submits_them(head, tmp_path
         done = cuda_agent("submit", command, *common, *items, "--address", head.dashboard, cwd=tmp_path)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert "Token authentication" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
-        job = next(w for w in done.stdout.split() if w.startswith("raysubmit_"))
+        job = re.search(r"submitted \w+ as job (raysubmit_\w+)", done.stdout).group(1)
         submitted[job] = command
         return job
 
