@@ -307,10 +307,13 @@ def start_cluster(cluster: Any, init_options: Mapping[str, Any] | None = None) -
     """
     import ray
 
+    from actors.ray_auth import settle_mode
+
     c = _cluster_values(cluster)
     # No usage reports: these machines have no network, and a training run should not phone home.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
+        settle_mode(starts_cluster=c["address"] == "local")
         common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False, **(init_options or {}))
         if c["address"] == "local":
             # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere.

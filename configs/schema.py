@@ -298,7 +298,7 @@ class StorageConfig:
 @dataclass
 class JobConfig:
     address: str = ""  # launch/jobs.py: Ray Jobs API address (the head's dashboard, http://HEAD:8265); --address wins; "": RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else http://127.0.0.1:8265
-    python: str = "python"  # launch/jobs.py: the interpreter that runs the job's driver on the head node: one that imports cuda-agent's dependencies
+    python: str = ""  # launch/jobs.py, launch/job_python.py: the interpreter that runs the job's driver on the head node, one that imports cuda-agent's dependencies; "": the one running `cuda-agent submit` when the head is this machine, else `python` on the PATH of `ray start`; tried on the head before the job is submitted
     env_vars: dict[str, str] = field(default_factory=dict)  # launch/jobs.py: environment variables of the job's driver and every actor it starts, e.g. {HF_HOME: /shared/hf}
     excludes: list[str] = field(default_factory=lambda: [".venv", ".git", "runs", ".gpu-stack", "build", "*.egg-info", "__pycache__"])  # launch/jobs.py: paths of the package folder not uploaded as the job's working_dir
     stop_grace_s: int = 300  # launch/jobs.py: `cuda-agent jobs stop` interrupts the driver (SIGINT: a checkpoint is saved), then kills it after this many seconds

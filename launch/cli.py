@@ -282,8 +282,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     try:
         report = run_synth(cfg, progress=cfg.logging.progress)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: every finished candidate is in {cfg.synth.out_dir}/manifest.jsonl; "
-                          "run the same command to continue")
+        err_console.print(f"interrupted: every finished candidate is in {cfg.synth.out_dir}/manifest.jsonl, the counts "
+                          "in report.json; run the same command to continue")
         return 130
     from rich.table import Table
 
@@ -353,7 +353,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     items = list(args.items)
     command = items.pop(0) if items and items[0] in COMMANDS else "train"
-    job_id, run_dir = submit(command, items, args.address, args.policy, args.tasks, args.solutions, args.out)
+    # --tasks takes several values, so overrides typed after it land there: give them back (as eval does).
+    items += [t for t in args.tasks or [] if "=" in t and not Path(t).exists()]
+    tasks = [t for t in args.tasks or [] if t not in items] or None
+    job_id, run_dir = submit(command, items, args.address, args.policy, tasks, args.solutions, args.out)
     console.print(f"submitted {command} as job [bold]{job_id}[/bold]; its run folder: {run_dir} (on the driver's node)")
     console.print(f"follow it: cuda-agent jobs logs {job_id} --follow; stop it (a checkpoint is saved): "
                   f"cuda-agent jobs stop {job_id}; submit the same command again to resume")

@@ -10,14 +10,18 @@ Jobs API:
   same job again resumes it.
 
 The config is made for a cluster: ``cluster.address=auto`` (the job's own cluster), no
-local-cluster sizes, and ``storage.root`` absolute, so the run folders are where the config
-says on the driver's node, not in the job's temporary working folder.
+local-cluster sizes, and every path the way it was meant where it was typed
+(launch/job_paths.py): ``storage.root`` absolute, so the run folders are where the config says
+on the driver's node, not in the job's temporary working folder. The driver's interpreter is
+chosen and tried on the head before the job is submitted (launch/job_python.py). Every request
+carries the cluster's token where one is found as Ray finds it (actors/ray_auth.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -26,7 +30,9 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from configs.load import RUN_FOLDERS, ConfigError, load_config
+from configs.load import ConfigError, load_config
+from launch import job_python
+from launch.job_paths import Paths, resolve_paths
 
 COMMANDS = ("train", "eval", "synth")
 CONFIG_ENV = "CUDA_AGENT_JOB_CONFIG"  # the resolved config, YAML
@@ -41,43 +47,56 @@ class JobError(RuntimeError):
 
 
 def cluster_config(files: list[str], overrides: list[str]) -> DictConfig:
-    """The config as the job's driver will use it: checked here, set for the cluster it joins."""
+    """The config as the job's driver will use it: checked here, its paths resolved where they were typed
+    (the current folder), set for the cluster it joins."""
     cfg = load_config(files, overrides)
-    root = Path(str(cfg.storage.root)).expanduser().resolve()
-    cfg.storage.root = str(root)
-    for key in RUN_FOLDERS:
-        folder = Path(OmegaConf.select(cfg, key)).expanduser()
-        OmegaConf.update(cfg, key, str(folder if folder.is_absolute() else root / folder))
+    resolve_paths(cfg, job_paths(cfg))
     cfg.cluster.address = "auto"
     cfg.cluster.num_cpus = None  # they size a private local cluster; the job joins the cluster's nodes
     cfg.cluster.num_gpus = None
     return cfg
 
 
+def job_paths(cfg: DictConfig) -> Paths:
+    """Paths typed in the current folder, for a job that runs in a copy of this package."""
+    return Paths(Path.cwd(), PACKAGE_ROOT, cfg.job.excludes)
+
+
 def job_argv(command: str, policy: str | None, tasks: list[str] | None, solutions: str | None,
              out: str | None, cfg: DictConfig) -> list[str]:
-    """The command's own options, as the driver's command line gets them (after the config file)."""
+    """The command's own options, as the driver's command line gets them (after the config file), their
+    paths resolved as the config's are."""
     if command != "eval":
         if policy or tasks or solutions or out:
             raise JobError(f"--policy, --tasks, --solutions and --out are options of eval, not of {command}")
         return [command]
-    argv = ["eval"]
-    for flag, value in (("--policy", policy), ("--solutions", solutions)):
-        argv += [flag, value] if value else []
-    if out:
+    paths, argv = job_paths(cfg), ["eval"]
+    argv += ["--policy", paths.spec(policy)] if policy else []
+    argv += ["--solutions", paths.read(solutions)] if solutions else []
+    if out:  # a run folder: under storage.root, as eval.out_dir
         argv += ["--out", str(Path(cfg.storage.root) / out) if not Path(out).is_absolute() else out]
-    return argv + (["--tasks", *tasks] if tasks else [])
+    return argv + (["--tasks", *(paths.read(t) for t in tasks)] if tasks else [])
+
+
+def api_address(address: str | None) -> str:
+    """--address, else RAY_API_SERVER_ADDRESS or RAY_ADDRESS where it is a URL, else this machine's Jobs API."""
+    env = os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS", "")
+    return address or (env if env.startswith("http") else LOCAL_DASHBOARD)
 
 
 def client(address: str | None) -> Any:
-    """A Jobs API client: --address, else job.address, RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else this machine's."""
+    """A Jobs API client for ``api_address(address)``, sending the cluster's token where there is one."""
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
+    from actors.ray_auth import auth_failure, http_headers
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env = os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS", "")
-    address = address or (env if env.startswith("http") else LOCAL_DASHBOARD)
+    address = api_address(address)
     try:
-        return JobSubmissionClient(address)
+        return JobSubmissionClient(address, headers=http_headers())
+    except AuthenticationError as err:
+        raise JobError(auth_failure(address, err)) from err
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise JobError(f"no Ray Jobs API at {address}: {str(err).splitlines()[0]}; start the head with "
                        "`ray start --head --dashboard-host 0.0.0.0`, or give --address http://HEAD:8265") from err
@@ -92,12 +111,18 @@ def submit(command: str, items: list[str], address: str | None = None, policy: s
     cfg = cluster_config(files, [i for i in items if "=" in i])
     argv = job_argv(command, policy, tasks, solutions, out, cfg)
     run_dir = argv[argv.index("--out") + 1] if "--out" in argv else OmegaConf.select(cfg, OUT_KEY[command])
+    jobs = client(address or cfg.job.address or None)
+    python, chosen = job_python.choose(cfg.job.python, jobs.get_address())
+    cfg.job.python = python
     env_vars = {CONFIG_ENV: OmegaConf.to_yaml(cfg), ARGV_ENV: json.dumps(argv), "RAY_JOB_STOP_SIGNAL": "SIGINT",
                 "RAY_JOB_STOP_WAIT_TIME_S": str(int(cfg.job.stop_grace_s)), "RAY_USAGE_STATS_ENABLED": "0",
                 **{str(k): str(v) for k, v in (cfg.job.env_vars or {}).items()}}
     runtime_env = {"working_dir": str(PACKAGE_ROOT), "excludes": list(cfg.job.excludes), "env_vars": env_vars}
-    jobs = client(address or cfg.job.address or None)
-    job_id = jobs.submit_job(entrypoint=f"{cfg.job.python} -m launch.jobs", runtime_env=runtime_env,
+    try:
+        job_python.check(jobs, python, runtime_env, chosen)
+    except job_python.PythonError as err:
+        raise JobError(str(err)) from err
+    job_id = jobs.submit_job(entrypoint=f"{shlex.quote(python)} -m launch.jobs", runtime_env=runtime_env,
                              metadata={"command": command, "run_dir": str(run_dir), "config": " ".join(items)})
     return job_id, str(run_dir)
 
@@ -114,9 +139,12 @@ def run_in_job() -> int:
 
 
 def list_jobs(address: str | None = None) -> list[dict[str, Any]]:
-    """Every job the cluster knows, newest first: id, status, command, run folder, start and end."""
+    """Every job the cluster knows, newest first: id, status, command, run folder, start and end (submit's
+    checks of job.python apart)."""
     rows = []
     for job in client(address).list_jobs():
+        if (job.submission_id or "").startswith(job_python.CHECK_PREFIX):  # submit's own try of job.python, not a run
+            continue
         meta = job.metadata or {}
         rows.append({"id": job.submission_id or job.job_id, "status": str(getattr(job.status, "value", job.status)),
                      "command": meta.get("command", job.entrypoint), "run_dir": meta.get("run_dir", ""),

@@ -6,7 +6,8 @@ those that fail the static checks, copy an accepted task or resemble a KernelBen
 and hands the rest to ``synth.workers`` Ray workers (0: this process) that run the dynamic filters (eager,
 torch.compile, numerics, the runtime window). Accepted tasks land in ``OUT/tasks/synth/``, a
 folder ``cuda-agent train`` and ``cuda-agent eval`` read unchanged. Every candidate's fate is a
-row of ``OUT/manifest.jsonl``; ``OUT/report.json`` counts each stage. A rerun continues.
+row of ``OUT/manifest.jsonl``; ``OUT/report.json`` counts each stage, also when the run is
+stopped (Ctrl-C, or ``cuda-agent jobs stop``: ``finished`` is then false). A rerun continues.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     window = tuple(float(v) for v in (s.window_ms_cuda if backend == "cuda" else s.window_ms_cpp))
     ops, excluded = crawl()
     write_catalogue(out / "catalogue.json", ops, excluded)
-    kb_root = Path(s.kernelbench_dir).expanduser()
+    kb_root = Path(s.kernelbench_dir).expanduser().absolute()  # the report names where it looked
     kernelbench = kernelbench_index(kb_root, float(s.contamination_similarity))
     if not len(kernelbench):
         console.print(f"[yellow]KernelBench not found at {kb_root}: the contamination screen is skipped "
@@ -73,11 +74,19 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     run = SynthRun(out, float(s.duplicate_similarity), kernelbench)
     console.print(f"{len(ops)} operators ({len(excluded)} excluded: {out / 'catalogue.json'}); "
                   f"{run.accepted_count} task(s) already accepted in {out}")
-    screener = _Screener(int(s.workers), backend)
+    screener = _Screener(cfg, out, backend)
     composer = _LLMComposer(cfg, ops) if s.policy else (lambda seed: compose(seed, ops, int(s.max_ops)))
     began, composed, before = time.perf_counter(), 0, run.accepted_count
     pending: dict = {}
     seed = int(s.seed)
+
+    def report(finished: bool) -> dict:
+        return run.report({"backend": backend, "window_ms": list(window), "finished": finished,
+                           "minutes": round((time.perf_counter() - began) / 60, 2),
+                           "operators": len(ops), "operators_excluded": len(excluded),
+                           "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
+                           "task_folder": str(run.task_dir)})
+
     try:
         with _bar(progress, console, int(s.tasks)) as bar:
             task = bar.add_task("accepted", total=int(s.tasks), completed=run.accepted_count)
@@ -99,15 +108,14 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                 run.record(run.finish(pending.pop(ref), candidate, problem, eager_ms))
                 bar.update(task, completed=run.accepted_count,
                            description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
+    except BaseException:  # Ctrl-C, `jobs stop` (SIGINT) or an error: the report of what was done, then out
+        report(finished=False)
+        raise
     finally:  # at the target, on Ctrl-C or an error: what still runs is dropped (its seeds are redone next time)
         screener.close(list(pending))
         if isinstance(composer, _LLMComposer):
             composer.close()
-    minutes = (time.perf_counter() - began) / 60
-    return run.report({"backend": backend, "window_ms": list(window), "minutes": round(minutes, 2),
-                       "operators": len(ops), "operators_excluded": len(excluded),
-                       "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
-                       "task_folder": str(run.task_dir)})
+    return report(finished=True)
 
 
 class _LLMComposer:
@@ -154,22 +162,34 @@ class _LLMComposer:
 
 
 class _Screener:
-    """The dynamic filters on ``workers`` Ray workers (one CPU each, a GPU share on cuda), or in this process with 0."""
+    """The dynamic filters on ``synth.workers`` Ray workers (one CPU each, a GPU share on cuda), or in this process with 0.
 
-    def __init__(self, workers: int, backend: str):
+    Ray is joined as train and eval join it (actors/topology.py start_cluster): a private cluster
+    with ``cluster.address: local``, sized to the workers unless cluster.num_cpus says otherwise;
+    the job's own cluster under ``cuda-agent submit``, where a private one would be a second
+    cluster that cannot fetch the job's files."""
+
+    def __init__(self, cfg, out: Path, backend: str):
+        workers = int(cfg.synth.workers)
         self.backend, self.local = backend, workers == 0
         if self.local:
             self.results: dict[int, tuple] = {}
             return
         import ray
+        from omegaconf import OmegaConf
+
+        from actors.run_logs import ray_init_options
+        from actors.topology import start_cluster
 
         self.started = not ray.is_initialized()  # Ray started here is shut down here (a caller's stays up)
-        if self.started:
+        cluster = OmegaConf.to_container(cfg.cluster, enum_to_str=True)
+        if cluster["address"] == "local":
             import torch
 
-            gpus = 1 if backend == "cuda" and torch.cuda.is_available() else 0
-            ray.init(address="local", num_cpus=workers, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            cluster["num_cpus"] = workers if cluster["num_cpus"] is None else cluster["num_cpus"]
+            if cluster["num_gpus"] is None:
+                cluster["num_gpus"] = 1 if backend == "cuda" and torch.cuda.is_available() else 0
+        start_cluster(cluster, ray_init_options(cfg.logging, out))
         self.remote = ray.remote(num_cpus=1, num_gpus=1.0 / workers if backend == "cuda" else 0)(_screen)
 
     def submit(self, candidate: Candidate, window: tuple[float, float], try_compile: bool):

@@ -244,7 +244,7 @@ def test_submit_makes_the_config_a_clusters_and_the_run_folder_absolute(tmp_path
     cfg = cluster_config([], ["storage.root=/data/runs", "eval.out_dir=sweep"])
     assert cfg.eval.out_dir == "/data/runs/sweep"
     assert job_argv("eval", "vllm:/m", ["a", "b"], None, "out", cfg) == \
-        ["eval", "--policy", "vllm:/m", "--out", "/data/runs/out", "--tasks", "a", "b"]
+        ["eval", "--policy", "vllm:/m", "--out", "/data/runs/out", "--tasks", str(tmp_path / "a"), str(tmp_path / "b")]
     assert job_argv("train", None, None, None, None, cfg) == ["train"]
 
 

@@ -219,3 +219,30 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path, override, named):
     with pytest.raises(ConfigError, match=named):
         run_synth(load_config([], [f"synth.out_dir={tmp_path}", override]), progress=False)
     assert not (tmp_path / "manifest.jsonl").exists()
+
+
+def test_a_stopped_run_writes_its_report_too(tmp_path):
+    """`cuda-agent jobs stop` interrupts a job's driver as Ctrl-C does (SIGINT): the report of what was done is written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "synth", f"synth.out_dir={out}", "synth.tasks=50",
+                             "synth.workers=0", "synth.try_compile=false", "logging.progress=false"],
+                            cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "manifest.jsonl").exists() or not (out / "manifest.jsonl").read_text().strip():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, said[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    rows = (out / "manifest.jsonl").read_text().splitlines()
+    assert report["finished"] is False and report["candidates"] == len(rows) >= 1, report
+    assert "the counts in report.json" in said

@@ -104,22 +104,27 @@ class TwoNodeCluster:
 
     def stop(self) -> None:
         """Every process of this cluster (found by its temp dirs), and only those: other Ray clusters stay."""
-        marks = (str(self.base / "head"), str(self.base / "second"), f":{self.gcs_port}")
-        mine = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != os.getpid() and any(m in cmdline for m in marks):
-                mine.append(proc)
-        for proc in list(mine):  # agents and workers rename themselves (ray::...): found as children
+        stop_processes((str(self.base / "head"), str(self.base / "second"), f":{self.gcs_port}"))
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def stop_processes(marks: tuple[str, ...]) -> None:
+    """Every process whose command line holds one of ``marks`` (a cluster's temp dirs, its GCS port), and their
+    descendants: SIGTERM, then SIGKILL for those still there after 10 s."""
+    mine = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.pid != os.getpid() and any(m in cmdline for m in marks):
+            mine.append(proc)
+    for proc in list(mine):  # agents and workers rename themselves (ray::...): found as children
+        try:
+            mine += [c for c in proc.children(recursive=True) if c.pid != os.getpid() and c not in mine]
+        except psutil.NoSuchProcess:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in mine:
             try:
-                mine += [c for c in proc.children(recursive=True) if c.pid != os.getpid() and c not in mine]
+                proc.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for proc in mine:
-                try:
-                    proc.send_signal(sig)
-                except psutil.NoSuchProcess:
-                    pass
-            _, mine = psutil.wait_procs(mine, timeout=10)
-        shutil.rmtree(self.base, ignore_errors=True)
+        _, mine = psutil.wait_procs(mine, timeout=10)
