@@ -148,7 +148,7 @@ class RewardConfig:
     faster_than_compile: float = 3.0  # env_pool/reward.py: correct and faster than torch.compile by more than compile_margin
     eager_margin: float = 0.0  # env_pool/reward.py: speedup over eager must exceed 1 + this
     compile_margin: float = 0.05  # env_pool/reward.py: speedup over torch.compile must exceed 1 + this (the paper's 5%)
-    noise_factor: float = 1.0  # env_pool/reward.py: widen each margin by this many noise figures (IQR/median) of the timings
+    confidence: float = 0.95  # env_pool/reward.py: a speed milestone needs the lower end of the speedup's bootstrap interval at this confidence to clear its margin
 
 
 @dataclass

@@ -593,7 +593,8 @@ def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
     """
     floor = statistics.median(null_staging_ns)
     net = [max(MIN_NET_MS, (s - floor) / 1e6) for s in samples_ns]
-    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net))
+    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net),
+                  samples_ms=[round(x, 6) for x in net])
 
 
 def resolved(timing: Timing, staging_ns: list[int]) -> bool:

@@ -96,7 +96,7 @@ def time_callable(
         pairs = [_time_once(fn, input_sets[i % len(input_sets)], device, flusher) for i in range(repetitions)]
     samples = [max(event, wall - overhead) for event, wall in pairs]
     q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
-    return Timing(median_ms=statistics.median(samples), iqr_ms=q3 - q1, repetitions=len(samples))
+    return Timing(median_ms=statistics.median(samples), iqr_ms=q3 - q1, repetitions=len(samples), samples_ms=samples)
 
 
 def _time_once(fn: Callable[..., object], inputs: Sequence[object], device: str, flusher: CacheFlusher) -> tuple[float, float]:

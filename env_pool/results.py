@@ -61,6 +61,7 @@ class Timing:
     median_ms: float
     iqr_ms: float  # interquartile range of the repetitions
     repetitions: int
+    samples_ms: list[float] = field(default_factory=list)  # each timed round's net time: what env_pool/reward.py resamples
 
     @property
     def noise(self) -> float:
@@ -88,6 +89,8 @@ class EvalResult:
     wall_s: float = 0.0  # wall-clock seconds of the whole evaluation
     warm_server: bool = False  # the candidate's server was started before this evaluation asked for one (env.warm_servers)
     code_samples: dict = field(default_factory=dict)  # where the candidate's CPU time went in its rounds: samples per category (env_pool/code_sampler.py)
+    eager_interval: list[float] = field(default_factory=list)  # the speedup over eager's bootstrap interval [low, high] (env_pool/reward.py); empty without timings
+    compile_interval: list[float] = field(default_factory=list)  # the same over torch.compile
 
     def __post_init__(self) -> None:
         if self.failure is not None and self.failure not in FAILURE_KINDS:

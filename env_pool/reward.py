@@ -1,30 +1,53 @@
 """The milestone reward: discrete levels, not speedup ratios, so timing noise cannot move it much.
 
-A speedup counts only when it clears its margin plus ``noise_factor`` times the measured noise
-(IQR/median) of the slower of the two timings: a 3% "win" inside 5% noise is no win.
+A speed milestone is awarded only when the timing says so with confidence: the speedup's
+bootstrap interval (the ratio of the baseline's median round to the candidate's, over resamples
+of both sets of timed rounds) must clear its margin at its lower end. A point estimate decided
+it before: one and the same correct cpp kernel, evaluated four times on an idle machine, earned
+rewards 2, 2, 1 and 2. Below the bar, the milestone under it, and a message with the interval.
 """
 from __future__ import annotations
+
+import hashlib
+import struct
+
+import torch
 
 from configs.schema import RewardConfig
 from env_pool.results import EvalResult, Milestone, Timing
 
+RESAMPLES = 2000  # bootstrap resamples of each pair of timings: the interval's ends move by under 1% between seeds
 
-def _clears(baseline: Timing | None, candidate: Timing | None, margin: float, noise_factor: float) -> bool:
-    if baseline is None or candidate is None or candidate.median_ms <= 0:
-        return False
-    noise = max(baseline.noise, candidate.noise)
-    return baseline.median_ms / candidate.median_ms > 1.0 + margin + noise_factor * noise
+
+def speedup_interval(baseline: Timing | None, candidate: Timing | None, confidence: float) -> tuple[float, float] | None:
+    """The ``confidence`` bootstrap interval of baseline / candidate (ratio of medians), or None
+    without the rounds to resample. Seeded by the samples: the same timings, the same verdict."""
+    if baseline is None or candidate is None or not baseline.samples_ms or not candidate.samples_ms:
+        return None
+    b = torch.tensor(baseline.samples_ms, dtype=torch.float64)
+    c = torch.tensor(candidate.samples_ms, dtype=torch.float64)
+    digest = hashlib.sha256(struct.pack(f"{len(b) + len(c)}d", *b.tolist(), *c.tolist())).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    ratio = (b[torch.randint(len(b), (RESAMPLES, len(b)), generator=gen)].median(dim=1).values
+             / c[torch.randint(len(c), (RESAMPLES, len(c)), generator=gen)].median(dim=1).values.clamp_min(1e-9))
+    tail = (1.0 - confidence) / 2
+    low, high = torch.quantile(ratio, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    return low, high
 
 
 def milestone_of(result: EvalResult, cfg: RewardConfig) -> Milestone:
     """The highest milestone the result earns. Beating torch.compile also requires beating eager."""
     if result.failure is not None or not result.checks or not all(c.passed for c in result.checks):
         return Milestone.FAIL
-    if not _clears(result.eager, result.candidate, cfg.eager_margin, cfg.noise_factor):
+    if not _clears(result.eager_interval, cfg.eager_margin):
         return Milestone.CORRECT
-    if not _clears(result.compiled, result.candidate, cfg.compile_margin, cfg.noise_factor):
+    if not _clears(result.compile_interval, cfg.compile_margin):
         return Milestone.FASTER_THAN_EAGER
     return Milestone.FASTER_THAN_COMPILE
+
+
+def _clears(interval: list[float], margin: float) -> bool:
+    return bool(interval) and interval[0] > 1.0 + margin
 
 
 def reward_of(milestone: Milestone, cfg: RewardConfig) -> float:
@@ -37,6 +60,17 @@ def reward_of(milestone: Milestone, cfg: RewardConfig) -> float:
 
 
 def apply_reward(result: EvalResult, cfg: RewardConfig) -> EvalResult:
+    """The milestone and reward; the speedups' intervals recorded, and a note where a point
+    estimate would have claimed what its interval does not."""
+    for key, baseline, margin, name in (("eager_interval", result.eager, cfg.eager_margin, "eager"),
+                                        ("compile_interval", result.compiled, cfg.compile_margin, "torch.compile")):
+        interval = speedup_interval(baseline, result.candidate, cfg.confidence)
+        setattr(result, key, [round(x, 4) for x in interval] if interval else [])
+        point = baseline.median_ms / result.candidate.median_ms if baseline and result.candidate else None
+        if interval and point and point > 1.0 + margin and interval[0] <= 1.0 + margin and result.failure is None:
+            note = (f"{point:.2f}x {name} is not a sure win: its {cfg.confidence:.0%} interval is "
+                    f"{interval[0]:.2f}-{interval[1]:.2f}x, which must clear {1 + margin:.2f}x for the milestone")
+            result.message = f"{result.message} {note}".strip()
     result.milestone = milestone_of(result, cfg)
     result.reward = reward_of(result.milestone, cfg)
     return result

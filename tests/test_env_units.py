@@ -14,9 +14,15 @@ from tasks.task import Task
 TASK = Task(id="t", level=1, source="")
 
 
-def timed(eager: float, compiled: float, candidate: float, iqr: float = 0.0) -> EvalResult:
-    return EvalResult("t", "cpp", checks=[InputCheck(0, True)], eager=Timing(eager, iqr, 30),
-                      compiled=Timing(compiled, iqr, 30), candidate=Timing(candidate, iqr, 30))
+def rounds(median: float, spread: float = 0.0, n: int = 30) -> Timing:
+    """``n`` timed rounds evenly spread over ``median`` +- ``spread`` (a fraction of it)."""
+    samples = [median * (1 + spread * (2 * k / (n - 1) - 1)) for k in range(n)]
+    return Timing(median, median * spread, n, samples)
+
+
+def timed(eager: float, compiled: float, candidate: float, spread: float = 0.0) -> EvalResult:
+    return EvalResult("t", "cpp", checks=[InputCheck(0, True)], eager=rounds(eager, spread),
+                      compiled=rounds(compiled, spread), candidate=rounds(candidate, spread))
 
 
 def test_eval_result_round_trips_through_msgpack():
@@ -47,11 +53,22 @@ def test_milestones_follow_the_paper_schedule(eager, compiled, candidate, milest
     assert (result.milestone, result.reward) == (milestone, reward)
 
 
-def test_noise_widens_the_margin():
-    quiet = apply_reward(timed(2.0, 1.2, 1.0, iqr=0.0), RewardConfig())
-    noisy = apply_reward(timed(2.0, 1.2, 1.0, iqr=0.2), RewardConfig())  # 20% IQR on the candidate
-    assert quiet.milestone == Milestone.FASTER_THAN_COMPILE
-    assert noisy.milestone == Milestone.FASTER_THAN_EAGER
+def test_a_speed_milestone_needs_its_interval_to_clear_the_margin_not_just_the_point_estimate():
+    quiet = apply_reward(timed(2.0, 1.2, 1.0), RewardConfig())
+    noisy = apply_reward(timed(2.0, 1.2, 1.0, spread=0.6), RewardConfig())  # rounds spread +-60% about each median
+    assert quiet.milestone == Milestone.FASTER_THAN_COMPILE and quiet.compile_interval[0] > 1.15
+    assert noisy.milestone == Milestone.FASTER_THAN_EAGER  # 1.2x compile on the point estimate, not for sure
+    low, high = noisy.compile_interval
+    assert low <= 1.05 < 1.2 < high and "1.20x torch.compile is not a sure win" in noisy.message, noisy.message
+    assert noisy.eager_interval[0] > 1.0  # 2x eager survives the same noise
+
+
+def test_the_interval_is_the_same_for_the_same_rounds_and_absent_without_them():
+    first, again = (apply_reward(timed(2.0, 1.2, 1.0, spread=0.3), RewardConfig()) for _ in range(2))
+    assert first.compile_interval == again.compile_interval and first.compile_interval
+    bare = EvalResult("t", "cpp", checks=[InputCheck(0, True)], eager=Timing(2.0, 0.0, 9), compiled=Timing(1.2, 0.0, 9),
+                      candidate=Timing(1.0, 0.0, 9))  # medians without their rounds (an old record)
+    assert apply_reward(bare, RewardConfig()).milestone == Milestone.CORRECT and bare.eager_interval == []
 
 
 def test_wrong_or_failed_results_get_the_failure_reward():
