@@ -55,11 +55,16 @@ def format_eval(result: EvalResult, tool: str, kernel_source: str = "kernel.cpp"
 def _timing_line(result: EvalResult) -> str:
     parts = [f"time: yours {result.candidate.median_ms:.3f} ms"]
     if result.eager is not None:
-        parts.append(f"eager {result.eager.median_ms:.3f} ms (speedup {result.speedup_vs_eager:.2f}x)")
+        parts.append(f"eager {result.eager.median_ms:.3f} ms (speedup {result.speedup_vs_eager:.2f}x{_within(result.eager_interval)})")
     if result.compiled is not None:
-        parts.append(f"torch.compile {result.compiled.median_ms:.3f} ms (speedup {result.speedup_vs_compile:.2f}x)")
+        parts.append(f"torch.compile {result.compiled.median_ms:.3f} ms "
+                     f"(speedup {result.speedup_vs_compile:.2f}x{_within(result.compile_interval)})")
     noise = max(t.noise for t in (result.candidate, result.eager, result.compiled) if t is not None)
     return ", ".join(parts) + f"; noise {100 * noise:.0f}%"
+
+
+def _within(interval: list[float]) -> str:
+    return f", 95% interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
 
 
 def eval_summary(result: EvalResult, tool: str) -> str:
