@@ -17,6 +17,11 @@ class Backend(str, Enum):
     cuda = "cuda"  # CUDA kernels, compiled with nvcc, verified and timed on a GPU
 
 
+class RuleSet(str, Enum):
+    strict = "strict"  # this project's rules: float32 within 1e-4, TF32 off, no library computes for a kernel (tasks/rules.py)
+    paper = "paper"  # the CUDA Agent paper's: 1e-2, TF32 as torch leaves it, cuBLAS/cuDNN (a BLAS on the CPU) allowed in the candidate's code, nvcc --use_fast_math
+
+
 class StageName(str, Enum):
     single_turn_ppo = "single_turn_ppo"
     rft = "rft"
@@ -154,6 +159,7 @@ class RewardConfig:
 @dataclass
 class EnvConfig:
     backend: Backend = Backend.cpp  # env_pool/evaluate.py, actors/topology.py: kernel backend for training and evaluation
+    rules: RuleSet = RuleSet.strict  # env_pool/evaluate.py, rollout/episode_runner.py: the rules of the game (tasks/rules.py): the tolerance, TF32 and the libraries a kernel may call (the harness), fast math (the build), SKILL.md's rules section
     correctness_inputs: int = 5  # env_pool/evaluate.py: fresh random input sets per verification (the paper's 5)
     adversarial_inputs: bool = False  # env_pool/evaluate.py: also verify on extreme-valued inputs (stricter than the paper)
     compile_workers: int = 0  # env_pool/evaluate.py: compiles (kernel builds, load_inline imports) an env worker runs at once, the rest waiting their turn (each g++ or nvcc of torch's headers takes 1-2 GB); 0: one per CPU the worker leaves for builds (split_cpus in env_pool/evaluate.py)

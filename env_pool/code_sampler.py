@@ -60,6 +60,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.rules import STRICT, Rules
+
 PERIOD_NS = 100_000  # mean time between samples on each server CPU (the period is redrawn at random: see reperiod)
 MIN_PERIOD_NS = 20_000  # the shortest period drawn (each sample interrupts the CPU for microseconds)
 RING_PAGES = 256  # 1 MiB per CPU: ~3 s of samples; drained while the harness waits on a round, and after it
@@ -316,10 +318,11 @@ class CodeIdentity:
     installed: tuple[str, ...]  # prefixes the runtime, torch and libraries must be installed under
     scratch: Path
     held: list[int] = field(default_factory=list)  # open fds of the own files: their inode numbers cannot be reused
+    rules: Rules = STRICT  # the rules in force: an installed library they allow (cuBLAS under the paper's) counts as own
     _seen: dict = field(default_factory=dict)
 
     @classmethod
-    def for_scratch(cls, scratch: Path) -> "CodeIdentity":
+    def for_scratch(cls, scratch: Path, rules: Rules = STRICT) -> "CodeIdentity":
         """Taken before the candidate's server starts, of the files sealed by then (evaluate.py's
         seal_kernel): kernel.so, and the libraries of a load_inline build (by inode, never by
         folder: the red team's rt2_fake_extension copied OpenBLAS into the extensions folder at
@@ -340,7 +343,7 @@ class CodeIdentity:
         prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
         prefixes |= {os.path.realpath(p) for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
         prefixes |= {"/usr", "/lib", "/lib64", "/lib32", "/opt", "/bin", "/sbin"}
-        return cls(own, tuple(sorted(prefixes)), scratch, held)
+        return cls(own, tuple(sorted(prefixes)), scratch, held, rules)
 
     def close(self) -> None:
         for fd in self.held:
@@ -372,6 +375,8 @@ class CodeIdentity:
         name = Path(path).name
         if _TORCH.match(name):
             return "torch", name
+        if self.rules.allows(name):  # an installed copy the rules allow (never torch, never one in the scratch folder)
+            return "own", f"{name} (allowed by the {self.rules.name} rules)"
         if _RUNTIME.match(name) or _TORCH_GLUE.match(name) or _under(path, _DYNLOAD) or os.path.realpath(path) == os.path.realpath(sys.executable):
             return "runtime", name
         return "library", _short(path)

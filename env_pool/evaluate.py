@@ -37,6 +37,7 @@ from env_pool.harness_process import HarnessProcess
 from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from tasks.rules import rules_named
 from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
@@ -282,7 +283,8 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     if spec.source in files:
         async with ctx.compile_slots:
             built = await asyncio.to_thread(_gated, ctx.gate, compile_kernel, files, backend, ctx.work_dir / "kernels",
-                                            ctx.cfg.compile_timeout_s, cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
+                                            ctx.cfg.compile_timeout_s, extra_flags=build_flags(ctx.cfg, backend),
+                                            cpus=tuple(split_cpus(int(ctx.cfg.threads)).builds))
         result.compile_s, result.cache_hit, result.compile_log = built.seconds, built.cache_hit, built.log
         if not built.ok:
             return _set_failure(result, "infra" if built.infra else "compile_error", "compile failed:\n" + built.log)
@@ -373,6 +375,11 @@ def machine_at_fault(verdict: dict, cpus: list[int], harness: HarnessProcess | N
     if harness is not None:
         harness.record(blamed)
     return {**verdict, "failure": "infra", "message": blamed + (f"\n{rest}" if rest else "")}
+
+
+def build_flags(cfg, backend: str) -> tuple[str, ...]:
+    """The rules' extra build flags (env.rules): the paper's nvcc builds with --use_fast_math."""
+    return ("--use_fast_math",) if backend == "cuda" and rules_named(cfg.rules).fast_math else ()
 
 
 def inline_cache(ctx, files: Mapping[str, str], backend: str) -> Path:
@@ -486,6 +493,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     pinned = backend == "cpp" or bool(cfg.code_sampling)
     required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if pinned else [])
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
+               "rules": str(getattr(cfg.rules, "value", cfg.rules)),
                "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "baseline_memory_mb": int(cfg.baseline_memory_limit_mb), "warm_servers": int(cfg.warm_servers),

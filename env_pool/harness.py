@@ -31,6 +31,7 @@ serves the reference: it is the same code, in the same kind of process):
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import gc
 import os
@@ -59,6 +60,7 @@ from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
 from env_pool.verify import Variation, check_outputs
 from tasks.discriminate import Discrimination, plan, transform_inputs
+from tasks.rules import rules_named
 from tasks.task import Task, build_problem
 
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
@@ -99,12 +101,14 @@ class Rounds:
 
     def __init__(self, payload: dict):
         self.payload = payload  # the current evaluation's request (limits, CPUs, folders); set anew for each
-        self.task = Task.from_dict(payload["task"])
+        self.rules = rules_named(payload.get("rules", "strict"))
+        task = Task.from_dict(payload["task"])
+        atol, rtol = self.rules.tolerances(task.atol, task.rtol)
+        self.task = dataclasses.replace(task, atol=atol, rtol=rtol)  # checked under the rules in force
         self.backend = payload["backend"]
         self.device = "cuda" if self.backend == "cuda" else "cpu"
         torch.set_num_threads(int(payload.get("threads", 1)))
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        set_tf32(self.rules.tf32)
         self.problem = build_problem(self.task, self.backend)
         self.init_seed = secrets.randbits(62)
         self.reference = make_model(self.problem, self.init_seed, self.device)
@@ -336,6 +340,13 @@ class Rounds:
             raise RoundsFailed({"import": "compile_error", "out_of_memory": "out_of_memory"}.get(kind, "crash"), message)
 
 
+def set_tf32(allowed: bool) -> None:
+    """TF32 as torch leaves it (the paper's rules: cuDNN's convolutions on, matmuls off), or off
+    everywhere (the strict rules: TF32 misses a 1e-4 tolerance by 4-77x on float32 GEMMs and convolutions)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = allowed
+
+
 class ServerGone(Exception):
     """The server's process ended while the harness waited on it; its outcome says why."""
 
@@ -378,6 +389,7 @@ def _keep(payload: dict, trusted: bool) -> int:
 def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -> None:
     p = rounds.payload
     payload = {"task": p["task"], "backend": rounds.backend, "threads": p["threads"], "phases": phases,
+               "rules": rounds.rules.name,
                "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
                "seccomp": bool(p.get("seccomp", True)), "watched": not trusted}
     for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
@@ -427,7 +439,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: P
     server = identity = None
     try:
         server = claim_server(rounds, pools, cwd, trusted)
-        identity = CodeIdentity.for_scratch(server.cwd) if sampler is not None and not trusted else None
+        identity = CodeIdentity.for_scratch(server.cwd, rounds.rules) if sampler is not None and not trusted else None
         give_run(rounds, server, [phase[0] for phase in phases], trusted)
         return _serve(rounds, pools, server, phases, sampler, identity, trusted)
     finally:
@@ -612,6 +624,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     """The whole trusted side of one evaluation (mode "baselines": the task's baselines only); a plain dict for the worker."""
     result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
     rounds.payload = payload
+    set_tf32(rounds.rules.tf32)  # the harness's reference runs under the request's rules (a cached task's too)
     warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
     full = payload["mode"] == "full"
     sets = rounds.discrimination()
@@ -728,7 +741,7 @@ class TaskCache:
     @staticmethod
     def key(payload: dict) -> tuple:
         task = payload["task"]
-        return task["id"], hash(task["source"]), payload["backend"], int(payload["threads"])
+        return task["id"], hash(task["source"]), payload["backend"], int(payload["threads"]), payload.get("rules", "strict")
 
     def get(self, payload: dict) -> Rounds:
         key = self.key(payload)

@@ -72,7 +72,7 @@ class EpisodeRunner:
     def __init__(self, policy: Policy, env: EnvClient, settings: EpisodeSettings, *, backend: str,
                  workspace_root: str | Path, observation_max_chars: int = 4000, episodes_in_flight: int = 16,
                  generate_rate: float = 0.0, env_rate: float = 0.0, keep_workspaces: bool = False,
-                 skill_in_prompt: bool = True, keep_solution: bool = False):
+                 skill_in_prompt: bool = True, keep_solution: bool = False, rules: str = "strict"):
         self.policy = ThrottledPolicy(policy, Throttler(generate_rate)) if generate_rate > 0 else policy
         self.env = ThrottledEnv(env, Throttler(env_rate)) if env_rate > 0 else env
         self.settings, self.backend = settings, backend
@@ -80,7 +80,7 @@ class EpisodeRunner:
         self.observation_max_chars = observation_max_chars
         self.slots = asyncio.Semaphore(episodes_in_flight)
         self.keep_workspaces = keep_workspaces
-        self.skill, self.skill_in_prompt = skill_text(backend), skill_in_prompt
+        self.skill, self.skill_in_prompt = skill_text(backend, rules), skill_in_prompt
         # Evaluation keeps what the final evaluation judged (traj.meta["solution"]) for its report and audit.
         self.keep_solution = keep_solution
 
@@ -100,6 +100,7 @@ class EpisodeRunner:
             generate_rate=cfg.rollout.generation_rps,
             skill_in_prompt=cfg.rollout.skill_in_prompt,
             keep_solution=keep_solution,
+            rules=str(getattr(cfg.env.rules, "value", cfg.env.rules)),
         )
 
     async def run_one(self, job: Job) -> Trajectory:

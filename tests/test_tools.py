@@ -19,6 +19,7 @@ from env_pool.results import EvalResult, Milestone
 from rollout.env_client import EnvClient, LocalEnvClient
 from rollout.parser import parse_tool_calls
 from rollout.skill import skill_text
+from tasks.rules import STRICT
 from rollout.tool_results import truncate
 from rollout.tool_specs import format_tool_prompt
 from rollout.toolbox import ToolBox
@@ -90,6 +91,15 @@ def worked_example(backend: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- no environment needed
+
+
+@pytest.mark.parametrize("backend", ["cpp", "cuda"])
+def test_skill_states_the_rules_in_force_from_the_config(backend):
+    strict, paper = skill_text(backend, "strict"), skill_text(backend, "paper")
+    assert "{{" not in strict + paper
+    assert "atol = rtol = 1e-4" in strict and "1e-2" not in strict and "fallback too" in strict
+    assert "atol = rtol = 1e-2" in paper and "cuBLAS for GEMMs" in paper and "Torch stays forbidden" in paper
+    assert strict.replace(STRICT.skill_libraries, "").count("cuBLAS for GEMMs") == 0
 
 def test_schemas_are_openai_functions_and_ncu_is_offered_on_cuda_only(tmp_path, tasks):
     cpp = toolbox(tmp_path, tasks["level1/01_gelu"], env=None).schemas()
