@@ -13,4 +13,4 @@ $CLI doctor cpu-demo  # exits 1, naming the fix, when this machine lacks somethi
 $CLI model prepare
 $CLI train cpu-demo "$@"
 echo "== one episode of the trained policy, as a transcript"
-$CLI episode level1/01_gelu --config cpu-demo --policy "vllm:$(python3 -c 'import json;print(json.load(open("runs/cpu-demo/recipe.json"))["policy"])')" --max-turns 2
+$CLI episode level1/01_gelu cpu-demo --policy "vllm:$(python3 -c 'import json;print(json.load(open("runs/cpu-demo/recipe.json"))["policy"])')" --max-turns 2
