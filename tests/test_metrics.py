@@ -6,10 +6,11 @@ import json
 import logging
 from types import SimpleNamespace
 
+import pytest
 
 from launch.metrics import (METRICS_FILE, MILESTONE_RATES, REWARD, STALENESS, TB_DIR, TOKENS_PER_S, MetricsSink,
                             episode_metrics, read_metrics)
-from launch.plots import PLOTS, write_plots
+from launch.plots import PLOTS, milestone_figure, reward_figure, write_plots, y_range
 from launch.progress import ProgressDisplay
 
 
@@ -86,6 +87,44 @@ def test_plots_of_reward_and_milestone_rates_are_written_from_the_jsonl(tmp_path
     for path in written:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f"{path.name}: not a drawn PNG ({len(data)} bytes)"
+
+
+def demo_records() -> list[dict]:
+    """The CPU demo's metrics: one step of each stage, every episode failed, so every series is flat."""
+    flat = {"episodes": 4, REWARD: -1.0, "reward/min": -1.0, "reward/max": -1.0, **{k: 0.0 for k in MILESTONE_RATES.values()}}
+    return [{"step": i, "stage": stage, **flat}
+            for i, stage in enumerate(("single_turn_ppo", "rft", "value_pretrain", "agentic_ppo"), 1)]
+
+
+def test_stage_names_are_readable_inside_the_figure_and_apart():
+    for fig in (reward_figure(demo_records()), milestone_figure(demo_records())):
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        labels = [t for t in fig.axes[0].texts if t.get_text() in ("single turn ppo", "rft", "value pretrain", "agentic ppo")]
+        assert len(labels) == 4, [t.get_text() for t in fig.axes[0].texts]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        page = fig.bbox
+        for label, box in zip(labels, boxes):
+            assert label.get_fontsize() >= 9 and label.get_rotation() == 0, (label.get_text(), label.get_fontsize())
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (
+                f"{label.get_text()!r} is clipped: {box} outside the figure {page}")
+        for a, b in zip(boxes, boxes[1:]):
+            assert not a.overlaps(b), f"stage names overlap: {a} and {b}"
+
+
+def test_a_flat_reward_keeps_an_axis_at_least_one_reward_unit_tall():
+    # matplotlib's own limits for a constant -1 were -1.04..-0.96: a flat line drawn as if it moved.
+    lo, hi = reward_figure(demo_records()).axes[0].get_ylim()
+    assert hi - lo >= 1.0 and lo < -1.0 < hi, (lo, hi)
+    assert y_range([0.5, 2.5]) == pytest.approx((0.3, 2.7)), "a series that moves keeps a 10% margin"
+
+
+def test_milestone_series_that_coincide_stay_visible_by_their_style():
+    lines = [line for line in milestone_figure(demo_records()).axes[0].get_lines() if line.get_label() in MILESTONE_RATES]
+    styles = {(line.get_linestyle(), line.get_marker(), line.get_markersize()) for line in lines}
+    assert len(lines) == 3 and len(styles) == 3, "three series on top of one another must differ in line, marker and size"
+    sizes = sorted(line.get_markersize() for line in lines)
+    assert sizes[0] < sizes[1] < sizes[2], "hollow markers of decreasing size show each one under the next"
 
 
 def test_no_plot_is_written_for_metrics_never_logged(tmp_path):
