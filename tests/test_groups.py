@@ -5,6 +5,7 @@ generated token of the episode."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -175,3 +176,46 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
         adv = [a for t, a in zip(tasks_trained, advantages) if t == task]
         assert sorted(adv) == pytest.approx([-1.0, 1.0], rel=1e-5), f"{task}: two episodes, one above and one below the group mean"
     assert len(episodes) == 6, "every drawn episode is logged, the dropped group's too"
+
+
+def test_a_step_with_nothing_to_train_on_says_why_and_logs_no_throughput(monkeypatch):
+    """RFT's filter keeps no episode of a batch that all failed: the step trains nothing, and the
+    progress line said "810382 tok/s" (the batch's tokens over the time it took to read it)."""
+    import asyncio
+
+    import launch.train as driver
+    from actors.buffer_client import Fetched
+    from actors.system import System
+    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from launch.metrics import SKIPPED, TOKENS_PER_S
+
+    try:
+        from tests.test_policy_version import Remote
+    except ImportError:
+        from test_policy_version import Remote
+
+    cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
+    queue = TrajectoryQueue(capacity=8)
+
+    class Learner:
+        world_size = 1
+
+        async def step(self, *args, **kwargs):
+            raise AssertionError("nothing passed RFT's filter: the learner must not be called")
+
+    async def nothing(*args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
+    monkeypatch.setattr(driver, "actor_load", nothing)
+
+    async def run():
+        for k in range(4):
+            traj = _episode(f"ep-{k}", -1.0)
+            await queue.put(TrajectoryMeta.of(traj), traj)
+        feeder = SimpleNamespace(reruns=0, restarts=0)  # synchronous: nothing to generate once the batch is there
+        return await driver.learner_step("rft", cfg, System([], Remote(queue), [], Learner()), feeder, None)
+
+    metrics, episodes = asyncio.run(run())
+    assert metrics[SKIPPED] == "0 of 4 episodes passed RFT's filter (learner.rft), 1 needed (one per learner rank)"
+    assert TOKENS_PER_S not in metrics and "learner" not in metrics and len(episodes) == 4

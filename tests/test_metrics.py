@@ -1,6 +1,7 @@
 """The metrics sink (JSONL and TensorBoard, resumable), the end-of-run plots, and the progress display."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -159,6 +160,69 @@ def test_progress_on_a_terminal_draws_a_live_panel_with_every_figure():
     for expected in ("rft: step 3/10", "reward", "1.75", "correct", "50%", "tokens/s", "88", "env queue", "buffer depth",
                      "staleness", "1.00"):
         assert expected in text, f"{expected!r} missing from the live panel:\n{text}"
+
+
+def test_a_long_wait_off_a_terminal_is_a_line_when_it_begins_and_a_line_with_its_detail_every_heartbeat(caplog):
+    # Five minutes passed in silence between Ray's start-up lines and the first step's line.
+    from rich.console import Console
+
+    display = ProgressDisplay(4, stage="single_turn_ppo", console=Console(file=io.StringIO(), force_terminal=False),
+                              heartbeat_s=0.05, refresh_s=0.01)
+    asked = []
+
+    async def detail() -> str:
+        asked.append(1)
+        return f"{len(asked)} of 4 done, 2 in flight (1 generating, 1 in the environment), {len(asked)} turn(s) so far"
+
+    async def wait() -> None:
+        async with display.watched_phase("generating 4 episodes", detail):
+            await asyncio.sleep(0.2)
+
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"):
+        asyncio.run(wait())
+    lines = caplog.messages
+    assert lines[0] == "[single_turn_ppo] step 1/4: generating 4 episodes", lines
+    beats = lines[1:]
+    assert beats and all(line.startswith("[single_turn_ppo] step 1/4: generating 4 episodes: ") for line in beats), lines
+    assert "in flight (1 generating, 1 in the environment)" in beats[-1] and beats[-1].endswith(" s)"), beats
+    assert len(asked) >= len(beats), "each heartbeat says what the detail said last"
+
+
+def test_a_terminal_shows_the_phase_under_way_and_its_detail():
+    from rich.console import Console
+
+    out = io.StringIO()
+    display = ProgressDisplay(2, stage="rft", console=Console(file=out, force_terminal=True, width=120), refresh_s=0.01)
+
+    async def wait() -> None:
+        async def detail() -> str:
+            return "1 of 4 done, 3 in flight"
+
+        async with display.watched_phase("generating 4 episodes", detail):
+            await asyncio.sleep(0.1)
+            display._live.refresh()
+
+    with display:
+        asyncio.run(wait())
+    text = out.getvalue()
+    assert "generating 4 episodes (0 s)" in text and "1 of 4 done, 3 in flight" in text, text
+
+
+def test_a_skipped_step_says_why_and_claims_no_throughput(caplog):
+    # "step 1/1 [rft] | ... | 810382 tok/s" when RFT had nothing to train on: tokens over the time
+    # it took to read a batch from the buffer.
+    from rich.console import Console
+
+    from launch.metrics import SKIPPED
+    from launch.train import skip_reason
+
+    display = ProgressDisplay(1, stage="rft", console=Console(file=io.StringIO(), force_terminal=False))
+    reason = skip_reason("rft", 4, 0, 1)
+    assert reason == "0 of 4 episodes passed RFT's filter (learner.rft), 1 needed (one per learner rank)"
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"):
+        display.update(1, {**episode_metrics([SimpleNamespace(reward=-1.0, milestone=0)] * 4), SKIPPED: reason})
+    [line] = caplog.messages
+    assert line.startswith(f"step 1/1 [rft] | skipped: {reason} | reward -1 |") and "tok/s" not in line, line
 
 
 def test_the_training_summary_gives_each_stage_its_episode_weighted_rates_tokens_wall_time_and_the_plots(tmp_path):
