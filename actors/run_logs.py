@@ -135,6 +135,29 @@ def actor_creation_output(logging_cfg: Any, run_dir: str | os.PathLike) -> Itera
         os.close(saved)
 
 
+@contextlib.contextmanager
+def output_to_log(path: Path) -> Iterator[Any]:
+    """This process's file descriptors 1 and 2 (and so its children's, and every library's prints and
+    warnings) appended to ``path`` while the block runs; yields a text stream to the terminal
+    (the original stdout) for what is meant for a person. For a command that runs an engine in
+    its own process (`cuda-agent episode`), as the workers' output goes to their files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    try:
+        redirect_output(path)
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        terminal.close()
+        for fd, original in zip((1, 2), saved):
+            os.dup2(original, fd)
+            os.close(original)
+
+
 def setup_worker() -> None:
     """Ray's worker_process_setup_hook: this worker's output to the run's log folder, our loggers' level.
 

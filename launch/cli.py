@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)  # a line with a path stays one line (a path broken in two cannot be pasted)
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay on one line for grep and logs
 
 
@@ -281,31 +281,66 @@ def _find_task(name: str, paths: list[str] | None):
 
 def cmd_episode(args: argparse.Namespace) -> int:
     import asyncio
+    import contextlib
+    import os
 
-    from actors.run_logs import quiet_libraries
+    from actors.run_logs import output_to_log, quiet_libraries, worker_log_dir
 
     files, overrides = _config_items(args)
     overrides += [f"env.backend={args.backend}"] if args.backend else []
     overrides += [f"rollout.max_turns={args.max_turns}"] if args.max_turns else []
     cfg = _run_config(files, overrides)
-    # The engine runs in this process here, not in an actor: quieted as the actors are, before
-    # vLLM and transformers are imported (they read their levels then).
-    if str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file":
-        quiet_libraries()
-    from launch.episode import run_single_episode
-    from launch.report import print_transcript
-
     task = _find_task(args.task, args.tasks)
-    traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet))
-    print_transcript(traj, console)
+    # The engine runs in this process here, not in an actor: quieted as the actors are, before
+    # vLLM and transformers are imported (they read their levels then), and what they print
+    # anyway (Triton, NUMA, FutureWarnings, the engine core's start-up) goes to the run's logs/.
+    to_file = str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file"
+    log_file = worker_log_dir(cfg.logging.out_dir) / f"episode-{os.getpid()}.log"
+    if to_file:
+        quiet_libraries()
+    from rich.console import Console
+    from rich.markup import escape
+
+    from launch.episode import run_single_episode
+    from launch.report import episode_line, print_transcript
+
+    err_console.print(f"one episode of {args.policy} on {task.id}, up to {cfg.rollout.max_turns} turn(s): starting "
+                      "the policy and the environment" + (f" (their output: {log_file})" if to_file else ""))
+    try:
+        with output_to_log(log_file) if to_file else contextlib.nullcontext(sys.stderr) as terminal:
+            shown = Console(file=terminal, stderr=True) if to_file else err_console
+            traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet,
+                                                       console=shown))
+    except Exception:
+        if to_file:
+            err_console.print(f"the episode failed; the libraries' output is in {log_file}")
+        raise
+    if args.transcript:
+        path = Path(args.transcript)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            print_transcript(traj, Console(file=f, width=100, color_system=None))
+        console.print(episode_line(traj) + f"; transcript: {escape(str(path))}", highlight=False, soft_wrap=True)
+    else:
+        print_transcript(traj, console)
     console.print(f"trajectory saved to {out}")
     return 0 if traj.stop_reason != "error" else 1
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from launch.report import print_training_summary
     from launch.train import train
 
     cfg = _run_config(*_config_items(args))
+    if args.report_only:  # a run's summary again, without starting anything
+        out = Path(cfg.logging.out_dir)
+        if not (out / "metrics.jsonl").exists():
+            from configs.load import ConfigError
+
+            raise ConfigError(f"no training run in {out} (no metrics.jsonl): give the config (and logging.out_dir) "
+                              "the run was started with")
+        print_training_summary(out, console)
+        return 0
     started = time.time()
     try:
         out = train(cfg)
@@ -315,10 +350,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except Exception:
         _point_at_worker_output(cfg, cfg.logging.out_dir, started)
         raise
-    from launch.report import print_training_summary
-
-    print_training_summary(out, console)
-    console.print(f"done: metrics, plots and checkpoints in {out}")
+    console.print(f"done in {(time.time() - started) / 60:.1f} min: metrics, plots and checkpoints in {out}")
+    if not args.no_summary:
+        print_training_summary(out, console)
     return 0
 
 
@@ -597,6 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog=STAGES_HELP + "\n" + _shipped_lines() + "\n\nA rerun of the same command resumes; "
                         "results go to logging.out_dir (metrics.jsonl, plots, exports, logs/).")
     _add_config_items(tr, "e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
+    tr.add_argument("--no-summary", action="store_true", help="end without the summary table (--report-only prints it "
+                    "later: make demo shows an episode of the trained policy first)")
+    tr.add_argument("--report-only", action="store_true", help="run nothing: print the summary of the run in "
+                    "logging.out_dir (its stages, plots and policy)")
     tr.set_defaults(func=cmd_train)
 
     sy = sub.add_parser("synth", help="build a training task set (crawl, compose, filter, dedup, screen)",

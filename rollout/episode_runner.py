@@ -180,11 +180,12 @@ class EpisodeRunner:
                     # must not hold up the event loop that feeds the other episodes' turns.
                     await asyncio.to_thread(ws.remove)
 
-    async def run_many(self, jobs: Iterable[Job], progress: bool = True) -> AsyncIterator[Trajectory]:
-        """Run every job, yielding trajectories as they finish, with a live progress line."""
+    async def run_many(self, jobs: Iterable[Job], progress: bool = True, console: Any = None) -> AsyncIterator[Trajectory]:
+        """Run every job, yielding trajectories as they finish, with a live progress line (on ``console``:
+        rich's own, stdout, when None)."""
         jobs = list(jobs)
         stats = EpisodeStats()
-        with _progress(progress) as bar:
+        with _progress(progress, console) as bar:
             task_id = bar.add_task("episodes", total=len(jobs), stats="")
             for done in asyncio.as_completed([self.run_one(j) for j in jobs]):
                 traj = await done
@@ -224,6 +225,6 @@ class EpisodeStats:
                 f"  >eager {sum(v for k, v in m.items() if k >= 2)}  >compile {m.get(3, 0)}")
 
 
-def _progress(enabled: bool) -> Progress:
+def _progress(enabled: bool, console: Any = None) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[stats]}"), disable=not enabled, transient=False)
+                    TextColumn("{task.fields[stats]}"), disable=not enabled, transient=False, console=console)

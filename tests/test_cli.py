@@ -247,3 +247,39 @@ def test_an_import_error_reaches_the_user_without_our_class_names(tmp_path: Path
     result = json.loads(out.stdout)
     assert result["failure"] == "compile_error" and result["message"].startswith("SyntaxError: "), result["message"]
     assert "RoundError" not in result["message"], result["message"]
+
+
+def test_episode_with_transcript_prints_one_line_and_sends_the_libraries_output_to_the_run_logs(tmp_path: Path):
+    # The demo's last screen was 27 lines of library warnings (Triton, vLLM, NUMA, FutureWarnings),
+    # then a transcript; with --transcript the terminal gets the episode's one line and the file.
+    script = tmp_path / "submit.json"
+    script.write_text(json.dumps(['<tool_call>{"name": "submit", "arguments": {}}</tool_call>']))
+    transcript = tmp_path / "transcript.txt"
+    out = run("episode", "level1/01_gelu", "cpu-demo", f"logging.out_dir={tmp_path}", f"env.work_dir={tmp_path / 'env'}",
+              "--policy", f"replay:{script}", "--transcript", str(transcript), "--quiet")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("level1/01_gelu: 1 turns, stop submit, FAIL, reward -1"), out.stdout
+    assert lines[0].endswith(f"transcript: {transcript}") and lines[1].startswith("trajectory saved to "), out.stdout
+    [starting] = out.stderr.strip().splitlines()  # and nothing else: the libraries' output is in the log named
+    assert starting.startswith(f"one episode of replay:{script} on level1/01_gelu, up to 2 turn(s)"), out.stderr
+    assert f"their output: {tmp_path / 'logs'}/episode-" in starting, starting
+    assert "turn 1, policy v0" in transcript.read_text()
+
+
+def test_train_report_only_prints_a_runs_summary_with_its_skipped_steps_and_starts_nothing(tmp_path: Path):
+    from launch.metrics import SKIPPED, MetricsSink
+    from launch.plots import write_plots
+
+    run_dir = tmp_path / "run"
+    with MetricsSink(run_dir, tensorboard=False) as sink:
+        sink.log(1, {"episodes": 4, "reward": {"mean": -1.0}}, stage="single_turn_ppo")
+        sink.log(2, {"episodes": 4, "reward": {"mean": -1.0}, SKIPPED: "0 of 4 episodes passed RFT's filter"}, stage="rft")
+    write_plots(run_dir)
+    out = run("train", "cpu-demo", f"logging.out_dir={run_dir}", "--report-only")
+    assert out.returncode == 0, out.stderr
+    assert f"training summary: {run_dir}" in out.stdout and f"plot: {run_dir / 'reward.png'}" in out.stdout, out.stdout
+    assert "step 2 (rft) trained nothing: 0 of 4 episodes passed RFT's filter" in out.stdout, out.stdout
+    assert not (run_dir / "logs").exists(), "nothing was started"
+    missing = run("train", "cpu-demo", f"logging.out_dir={tmp_path / 'none'}", "--report-only")
+    assert missing.returncode == 2 and f"no training run in {tmp_path / 'none'}" in missing.stderr, missing.stderr
