@@ -86,6 +86,7 @@ def summarize(records: list[dict[str, Any]], audits: list[dict[str, Any]], autot
     for r in records:  # the max-autotune speedup of the episode's solution, where it was re-timed
         a = tuned.get(r.get("solution_hash"))
         r["speedup_max_autotune"] = a["speedup_compile"] if a and a["milestone"] >= 1 else None
+        r["noise_max_autotune"] = a.get("noise") if a and a["milestone"] >= 1 else None  # its own timings' noise
     groups: dict[str, list[dict[str, Any]]] = {"overall": records}
     for r in sorted(records, key=lambda r: r["level"]):
         groups.setdefault(group_of(r["level"]), []).append(r)
@@ -148,7 +149,8 @@ def problem_rows(records: list[dict[str, Any]], audit_of: dict[str, dict[str, An
                      "samples": len(rs), "passed": sum(map(_correct, rs)), "noise": best.get("noise"),
                      "best_milestone": best["milestone"], "failure": best["failure"], "message": best["message"],
                      "speedup_eager": best.get("speedup_eager"), "speedup_compile": best.get("speedup_compile"),
-                     "speedup_max_autotune": best.get("speedup_max_autotune"), "turns": best["turns"],
+                     "speedup_max_autotune": best.get("speedup_max_autotune"),
+                     "noise_max_autotune": best.get("noise_max_autotune"), "turns": best["turns"],
                      "audit": None if audit is None else ("held" if audit["held"] else "not run (infra)" if audit["failure"] == "infra"
                                                           else f"failed ({audit['failure'] or 'slower'})"),
                      "solution": best.get("solution")})
@@ -188,9 +190,15 @@ def _scored_solutions(summary: dict[str, Any]) -> bool:
     return all(g.get("scored_solutions") for g in summary["groups"].values())
 
 
+def shown_groups(summary: dict[str, Any]) -> list[str]:
+    """The groups a table or plot shows: with one level, "overall" is the same numbers again."""
+    names = list(summary["groups"])
+    return names[1:] if len(names) == 2 else names
+
+
 def headline_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     groups = summary["groups"]
-    names = list(groups)
+    names = shown_groups(summary)
     scored = _scored_solutions(summary)
     several = max(groups[n]["samples_per_problem"] for n in names) > 1  # with one sample, "any sample" and pass@1 are the pass rate
     rows = [["problems / solutions" if scored else "problems / episodes"]
@@ -236,7 +244,7 @@ def sweep_conditions(summary: dict[str, Any], identity: dict[str, Any]) -> str:
     levels = sorted({p["level"] for p in summary["problems"] if p["level"]})
     where = ", ".join(identity.get("machines") or []) or "a machine the sweep did not record"
     kernels = "CUDA kernels" if identity["backend"] == "cuda" else "C++ kernels (backend cpp)"
-    who = ("existing solutions, no policy" if _scored_solutions(summary)
+    who = ("from existing solutions (no policy)" if _scored_solutions(summary)
            else f"written by {identity['policy']} (up to {identity['max_turns']} turns)")
     return (f"{o['problems']} problem(s)" + (f" of level {', '.join(map(str, levels))}" if levels else "")
             + f", {kernels} {who}, timed on {where} against eager PyTorch and torch.compile (mode "
@@ -271,14 +279,15 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def problem_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     scored = _scored_solutions(summary)
-    header = ["problem", "level", "passed", "best", "vs eager", "vs compile", "vs max-autotune", "noise",
+    header = ["problem", "passed", "best", "vs eager", "vs compile", "vs max-autotune", "noise",
               *([] if scored else ["turns"]), "audit", "best solution"]
     rows = []
     for p in summary["problems"]:
         noisy = p.get("noise") is not None and p["noise"] >= NOISY and p["best_milestone"] >= 1
-        rows.append([p.get("problem", p["task_id"]), str(p["level"]), f"{p['passed']}/{p['samples']}",
+        rows.append([p.get("problem", p["task_id"]), f"{p['passed']}/{p['samples']}",
                      MILESTONES[p["best_milestone"]] + (f" ({p['failure']})" if p["failure"] else ""),
-                     _x(p["speedup_eager"], noisy), _x(p["speedup_compile"], noisy), _x(p["speedup_max_autotune"]),
+                     _x(p["speedup_eager"], noisy), _x(p["speedup_compile"], noisy),
+                     _x(p["speedup_max_autotune"], (p.get("noise_max_autotune") or 0.0) >= NOISY),
                      "-" if p.get("noise") is None else f"{100 * p['noise']:.0f}%",
                      *([] if scored else [str(p["turns"])]), p["audit"] or "-", p["solution"] or "-"])
     return header, rows
@@ -324,7 +333,7 @@ def plots(summary: dict[str, Any], comparable: bool = False) -> dict[str, str]:
         return base64.b64encode(buf.getvalue()).decode()
 
     groups = summary["groups"]
-    names = list(groups)
+    names = shown_groups(summary)
     scored = _scored_solutions(summary)
     out = {}
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -334,7 +343,9 @@ def plots(summary: dict[str, Any], comparable: bool = False) -> dict[str, str]:
                if any(groups[n][key] is not None for n in names)]  # a rate not measured is no bar at 0
     width = 0.8 / len(metrics)
     for i, (key, label) in enumerate(metrics):
-        ax.bar([j + i * width for j in range(len(names))], [100 * (groups[n][key] or 0.0) for n in names], width, label=label)
+        bars = ax.bar([j + i * width for j in range(len(names))], [100 * (groups[n][key] or 0.0) for n in names], width,
+                      label=label)
+        ax.bar_label(bars, fmt="%.0f%%", fontsize=7)  # a rate of 0 is a number, not a missing bar
     compile_bar = [k for k, _ in metrics].index("fast1_compile")
     for j, n in enumerate(names):
         if comparable and n in PAPER["faster_compile"]:
@@ -342,17 +353,17 @@ def plots(summary: dict[str, Any], comparable: bool = False) -> dict[str, str]:
             ax.plot([x - width / 2, x + width / 2], [100 * PAPER["faster_compile"][n]] * 2, "k--")
     ax.set_xticks([j + (len(metrics) - 1) * width / 2 for j in range(len(names))], names)
     ax.set_ylabel(f"% of {'problems' if scored else 'episodes'}")
-    ax.set_ylim(0, 105)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 115)
+    ax.legend(fontsize=7, loc="upper right")
     ax.set_title("pass and fast_1 per level" + (" (dashed: the paper's faster-than-compile, on an H100)" if comparable else ""))
     out["rates"] = encode(fig)
 
     fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2), squeeze=False)
     for ax, n in zip(axes[0], names):
         for key, series in groups[n]["fast_p"].items():
-            ax.plot(P_GRID, [100 * (v or 0.0) for v in series], label=key.replace("speedup_", "vs "))
+            ax.plot(P_GRID, [100 * (v or 0.0) for v in series], label=key.replace("speedup_", "vs ").replace("_", "-"))
         ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(n)
+        ax.set_title(f"fast_p, {n}")
         ax.set_xlabel("p: speedup over the baseline")
         ax.set_ylim(0, 105)
     axes[0][0].set_ylabel("fast_p: % correct and > p times faster", fontsize=8)
@@ -366,7 +377,10 @@ def plots(summary: dict[str, Any], comparable: bool = False) -> dict[str, str]:
         for ax, panel in zip(axes[0], panels):
             if panel == "failures":
                 kinds = sorted(o["failures"].items(), key=lambda kv: kv[1])
-                ax.barh([k for k, _ in kinds], [v for _, v in kinds])
+                bars = ax.barh([k for k, _ in kinds], [v for _, v in kinds], height=0.5)
+                ax.bar_label(bars, fontsize=8)
+                ax.set_xlim(0, max(v for _, v in kinds) * 1.15)
+                ax.set_ylim(-0.75, len(kinds) - 0.25)
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.set_xlabel("solutions" if scored else "episodes")
                 ax.set_title("failure kinds")
