@@ -149,7 +149,7 @@ def train(cfg: Any) -> Path:
         model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         state = RecipeState.load(out, model, cfg.stage.resume, critic)
         storage = RunStorage.for_run(cfg.storage, out, [model, critic])
-        system = asyncio.run(started(display, f"starting the engines: {len(plan.generators)} vLLM generator(s) and the "
+        system = asyncio.run(shown_while(display, f"starting the engines: {len(plan.generators)} vLLM generator(s) and the "
                                               f"DeepSpeed learner ({engine_wait(cfg)})",
                                      start_system(cfg, plan, reservation, model, storage)))
         try:
@@ -166,9 +166,9 @@ def train(cfg: Any) -> Path:
     return out
 
 
-async def started(display: ProgressDisplay, what: str, starting: Any) -> Any:
+async def shown_while(display: ProgressDisplay, what: str, awaitable: Any) -> Any:
     async with display.watched_phase(what):
-        return await starting
+        return await awaitable
 
 
 def engine_wait(cfg: Any) -> str:
@@ -181,6 +181,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
                     display: ProgressDisplay | None = None) -> None:
     kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
     started = time.monotonic()
+    own_display = display is None  # train() passes the run's; it stays up between stages
     display = display or ProgressDisplay(steps, stage, enabled=cfg.logging.progress)
     display.begin_stage(stage, steps)
     async with display.watched_phase("building the learner (its engines, and its checkpoint if any)"):
@@ -206,27 +207,26 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     background = asyncio.create_task(feeder.run_forever()) if cfg.stage.asynchronous else None
     learner_restarts = 0
     try:
-        with display:
-            while step < steps:
-                try:
-                    if background is None:
-                        await generate(display, system, feeder, cfg.stage.batch_episodes)
-                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler,
-                                                           display=display)
-                    await after_step(cfg, system, step, steps, metrics)
-                except LearnerDied as err:
-                    learner_restarts += 1
-                    log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
-                    step = await retry_while_restarting(lambda: restart_learner(kind, stage_dir, system, state,
-                                                                                base_model, steps), (LearnerDied,))
-                    continue
-                step += 1
-                metrics["jobs/learner_restarts"] = learner_restarts
-                sink.log(state.step + step, metrics, stage)
-                log_episodes(out, state.step + step, stage, episodes)
-                if heldout is not None:  # in the background: generation and the next step go on
-                    heldout.maybe_start(state.step + step, system.generators, sink)
-                display.update(step, metrics, stage)
+        while step < steps:
+            try:
+                if background is None:
+                    await generate(display, system, feeder, cfg.stage.batch_episodes)
+                metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler,
+                                                       display=display)
+                await after_step(cfg, system, step, steps, metrics)
+            except LearnerDied as err:
+                learner_restarts += 1
+                log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
+                step = await retry_while_restarting(lambda: restart_learner(kind, stage_dir, system, state,
+                                                                            base_model, steps), (LearnerDied,))
+                continue
+            step += 1
+            metrics["jobs/learner_restarts"] = learner_restarts
+            sink.log(state.step + step, metrics, stage)
+            log_episodes(out, state.step + step, stage, episodes)
+            if heldout is not None:  # in the background: generation and the next step go on
+                heldout.maybe_start(state.step + step, system.generators, sink)
+            display.update(step, metrics, stage)
     except (KeyboardInterrupt, asyncio.CancelledError):
         if heldout is not None:
             heldout.cancel()
@@ -243,6 +243,8 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     state.version = system.version
     async with display.watched_phase("exporting the stage's models"):
         exported = await system.learn("export", str(stage_dir / "export"), base_model)
+    if own_display:
+        display.stop()
     state.policy = exported.get("policy", state.policy)
     state.critic = exported.get("critic", state.critic)
     state.done.append(stage)
