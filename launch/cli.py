@@ -164,7 +164,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from launch.doctor import diagnose, print_report
 
     files, overrides = _config_items(args)
-    report = diagnose(load_config(files, overrides), " ".join(files + overrides) or "the default config")
+    named = " ".join(files) or "the default config"
+    report = diagnose(load_config(files, overrides), named + (f" (with {len(overrides)} override(s))" if overrides else ""))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -137,7 +137,7 @@ class ProgressDisplay:
     def _prefix(self) -> str:
         if not self.stage:
             return ""
-        return f"[{self.stage}] step {min(self._step + 1, self.total_steps)}/{self.total_steps}: "
+        return f"step {min(self._step + 1, self.total_steps)}/{self.total_steps} [{self.stage}]: "  # as a step's line begins
 
     def _now(self) -> str:
         if self._phase is None:

@@ -181,9 +181,9 @@ def test_a_long_wait_off_a_terminal_is_a_line_when_it_begins_and_a_line_with_its
     with caplog.at_level(logging.INFO, logger="cuda_agent.progress"):
         asyncio.run(wait())
     lines = caplog.messages
-    assert lines[0] == "[single_turn_ppo] step 1/4: generating 4 episodes", lines
+    assert lines[0] == "step 1/4 [single_turn_ppo]: generating 4 episodes", lines
     beats = lines[1:]
-    assert beats and all(line.startswith("[single_turn_ppo] step 1/4: generating 4 episodes: ") for line in beats), lines
+    assert beats and all(line.startswith("step 1/4 [single_turn_ppo]: generating 4 episodes: ") for line in beats), lines
     assert "in flight (1 generating, 1 in the environment)" in beats[-1] and beats[-1].endswith(" s)"), beats
     assert len(asked) >= len(beats), "each heartbeat says what the detail said last"
 
