@@ -146,7 +146,11 @@ class GeneratorActor:
         return self.policy.version
 
     def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, version=self.policy.version if self.policy else -1)
+        """Totals since the actor started, the policy version it serves (-1: no engine yet), and
+        what its episodes are doing now (rollout/episode_runner.Activity; all 0 before it runs any)."""
+        activity = self.runner.activity.snapshot() if self.runner else {}
+        return dict(self.stats, version=self.policy.version if self.policy else -1,
+                    activity={**dict.fromkeys(("started", "finished", "turns", "generating", "in_env"), 0), **activity})
 
     async def stop(self) -> None:
         if self.policy is not None:

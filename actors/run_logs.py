@@ -18,11 +18,12 @@ in every worker at its start: the standard library only at import.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 LOGGER = "cuda_agent"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -99,6 +100,62 @@ def ray_init_options(logging_cfg: Any, run_dir: str | os.PathLike) -> dict[str, 
         env[LOG_DIR_ENV] = str(logs)
         options["log_to_driver"] = False
     return options
+
+
+DRIVER_LOG = "driver.log"
+
+
+@contextlib.contextmanager
+def actor_creation_output(logging_cfg: Any, run_dir: str | os.PathLike) -> Iterator[None]:
+    """While the driver creates actors, its own stderr (file descriptor 2) goes to RUN/logs/driver.log
+    (with logging.actor_logs=file; console keeps it on the terminal).
+
+    Ray's core worker writes an error-level line to the driver's stderr when an actor that Ray may
+    restart (max_restarts) gets actor handles among its constructor's arguments: "has constructor
+    arguments in the object store and max_restarts > 0 ... the actor restart will fail"
+    (ray-project/ray#53727). Our generators get the env workers and the buffer so, and the driver
+    holds those handles for the generators' whole life, so a restart finds them (tests/test_train.py
+    kills and restarts one): nothing for a user to act on, and no line for the terminal. Creating an
+    actor is quick and comes before the progress display starts, so nothing else is caught."""
+    if str(getattr(logging_cfg.actor_logs, "value", logging_cfg.actor_logs)) != "file":
+        yield
+        return
+    logs = worker_log_dir(run_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        redirect = os.open(logs / DRIVER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(redirect, 2)
+        os.close(redirect)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def output_to_log(path: Path) -> Iterator[Any]:
+    """This process's file descriptors 1 and 2 (and so its children's, and every library's prints and
+    warnings) appended to ``path`` while the block runs; yields a text stream to the terminal
+    (the original stdout) for what is meant for a person. For a command that runs an engine in
+    its own process (`cuda-agent episode`), as the workers' output goes to their files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    try:
+        redirect_output(path)
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        terminal.close()
+        for fd, original in zip((1, 2), saved):
+            os.dup2(original, fd)
+            os.close(original)
 
 
 def setup_worker() -> None:

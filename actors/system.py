@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError
 from actors.buffer import TrajectoryBuffer
 from actors.generator import GeneratorActor
 from actors.learner import LearnerGroup
+from actors.run_logs import actor_creation_output
 from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
 from actors.trajectory_queue import buffer_options
@@ -147,10 +148,11 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, m
     env_workers = start_env_workers(reservation, env_cfg)
     buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
-    generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1, max_task_retries=0,
-                                         **reservation.options(slot)).remote(cfg_dict, env_workers, buffer, slot.index,
-                                                                             f"vllm:{model}", storage=storage)
-                  for slot in plan.generators]
+    with actor_creation_output(cfg.logging, cfg.logging.out_dir):
+        generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1,
+                                             max_task_retries=0, **reservation.options(slot))
+                      .remote(cfg_dict, env_workers, buffer, slot.index, f"vllm:{model}", storage=storage)
+                      for slot in plan.generators]
     learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner], storage)
     await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))
     return System(env_workers, buffer, generators, learner, transport, cfg.rollout.weight_bucket_mb,

@@ -18,6 +18,7 @@ ranks stay on one node and the generators and env workers go to the others.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import uuid
@@ -316,8 +317,16 @@ def start_cluster(cluster: Any, init_options: Mapping[str, Any] | None = None) -
         settle_mode(starts_cluster=c["address"] == "local")
         common = dict(include_dashboard=False, configure_logging=False, ignore_reinit_error=False, **(init_options or {}))
         if c["address"] == "local":
-            # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere.
-            ray.init(address="local", num_cpus=c["num_cpus"], num_gpus=c["num_gpus"], **common)
+            # address="local" starts a private cluster even when RAY_ADDRESS points elsewhere. Ray
+            # turns token authentication on for it (a token in ~/.ray/auth_token) and says so at
+            # every start: nothing to act on for a cluster of this process's own, so not on the terminal.
+            auth = logging.getLogger("ray._private.authentication.authentication_token_setup")
+            level = auth.level
+            auth.setLevel(logging.ERROR)
+            try:
+                ray.init(address="local", num_cpus=c["num_cpus"], num_gpus=c["num_gpus"], **common)
+            finally:
+                auth.setLevel(level)
         else:
             if c["num_cpus"] is not None or c["num_gpus"] is not None:
                 raise TopologyError(f"cluster.num_cpus and cluster.num_gpus size a local cluster only; with "

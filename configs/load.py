@@ -25,6 +25,17 @@ def packaged_config_dir() -> Path:
     return Path(str(resources.files("configs")))
 
 
+def shipped_configs() -> dict[str, str]:
+    """Each shipped config's name and what it is for (its first comment line); defaults.yaml,
+    the schema's generated defaults, is what every config starts from, not one to pick."""
+    about = {}
+    for path in sorted(packaged_config_dir().glob("*.yaml")):
+        if path.stem != "defaults":
+            first = path.read_text().splitlines()[0] if path.read_text() else ""
+            about[path.stem] = first.lstrip("# ").split(":")[0].rstrip(".") if first.startswith("#") else ""
+    return about
+
+
 def resolve_config_path(name: str) -> Path:
     """A path as given, or the name of a shipped config (``cpu-demo`` -> configs/cpu-demo.yaml)."""
     path = Path(name)
@@ -50,13 +61,13 @@ def load_config(
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
         if not isinstance(data, DictConfig):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, env:, ...)")
-        cfg = _merge(cfg, data, source=str(path))
+        cfg = _merge(cfg, data, str(path), schema)
     overrides = list(overrides)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. rollout.max_turns=20)")
     if overrides:
-        cfg = _merge(cfg, OmegaConf.from_dotlist(overrides), source="command line")
+        cfg = _merge(cfg, OmegaConf.from_dotlist(overrides), "command line", schema)
     if require_complete:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
@@ -82,7 +93,8 @@ def under_root(cfg: DictConfig, folder: str) -> str:
     return str(Path(root).expanduser() / folder)
 
 
-def _merge(cfg: DictConfig, data: DictConfig, source: str) -> DictConfig:
+def _merge(cfg: DictConfig, data: DictConfig, source: str, schema: type = Config) -> DictConfig:
+    _check_sections(OmegaConf.to_container(data, resolve=False), source, schema)
     try:
         return OmegaConf.merge(cfg, data)
     except ConfigKeyError as err:
@@ -90,9 +102,35 @@ def _merge(cfg: DictConfig, data: DictConfig, source: str) -> DictConfig:
         raise ConfigError(f"{source}: unknown config key {key!r}{_suggestion(key)}") from err
     except (ValidationError, MissingMandatoryValue) as err:
         key = getattr(err, "full_key", "")
+        choices = _choices(key)
+        if choices:  # OmegaConf's own text lists them in brackets, in upper case: ours names them as typed
+            raise ConfigError(f"{source}: bad value {getattr(err, 'value', None)!r} for {key!r}: expected one of "
+                              f"{', '.join(choices)}") from err
         raise ConfigError(
             f"{source}: bad value for {key!r}: expected {_expected_type(key)}; {_first_line(err)}"
         ) from err
+
+
+def _check_sections(data: Any, source: str, cls: type = Config, prefix: str = "") -> None:
+    """A section (``rollout:``) given a value or left empty: OmegaConf's error names no key
+    ("bad value for None ... int is not a subclass of RolloutConfig"), so the section is named here."""
+    if not isinstance(data, dict):
+        return
+    for f in fields(cls):
+        if f.name not in data or not callable(f.default_factory):
+            continue
+        section = f.default_factory()
+        if not is_dataclass(section):
+            continue
+        value, name = data[f.name], f"{prefix}{f.name}"
+        if isinstance(value, dict):
+            _check_sections(value, source, type(section), f"{name}.")
+            continue
+        example = next(iter(valid_keys(type(section), f"{name}.")))
+        given = "is empty" if value is None else f"is a section, not a value (given {value!r})"
+        raise ConfigError(f"{source}: {name!r} {given}: set its keys ({example}=... on the command line; in a file, "
+                          f"'{example.rsplit('.', 1)[1]}: ...' indented under '{f.name}:'), or remove it; "
+                          f"`cuda-agent config show` lists them")
 
 
 def valid_keys(cls: type = Config, prefix: str = "") -> dict[str, Any]:
@@ -116,16 +154,20 @@ def _suggestion(key: str) -> str:
     return f"; did you mean {close[0]!r}?"
 
 
+def _choices(key: str) -> list[str]:
+    """The values an enum-typed key takes, as a user types them ([] for any other key)."""
+    from configs import schema
+
+    enum = getattr(schema, str(valid_keys().get(key)), None)
+    return list(enum.__members__) if isinstance(enum, type) and hasattr(enum, "__members__") else []
+
+
 def _expected_type(key: str) -> str:
     annotation = valid_keys().get(key)
     if annotation is None:
         return "a valid value"
-    from configs import schema
-
-    enum = getattr(schema, str(annotation), None)
-    if isinstance(enum, type) and hasattr(enum, "__members__"):
-        return "one of " + ", ".join(enum.__members__)
-    return str(annotation)
+    choices = _choices(key)
+    return "one of " + ", ".join(choices) if choices else str(annotation)
 
 
 def _first_line(err: Exception) -> str:

@@ -329,6 +329,8 @@ def freed_block_requests(snapshot: list[dict]) -> list[int]:
 
 
 def short_error(err: BaseException) -> str:
+    if isinstance(err, RoundError):  # its message is already a short error (the import's): no class name of ours
+        return str(err)
     # lookup_lines=False: reading source files here would trip the armed filesystem guard.
     frames = traceback.StackSummary.extract(traceback.walk_tb(err.__traceback__), lookup_lines=False)
     where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)

@@ -10,13 +10,28 @@ from pathlib import Path
 
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)  # a line with a path stays one line (a path broken in two cannot be pasted)
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay on one line for grep and logs
 
 
 def _split_files_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     files = [i for i in items if "=" not in i]
     return files, [i for i in items if "=" in i]
+
+
+def _config_items(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(config files, key=value overrides) of a command: its FILE|key=value items, the files
+    given with --config first (the older spelling of the same thing). On `env eval`, whose items
+    are solution folders too, a config file is a .yaml or a shipped config's name."""
+    files, overrides = _split_files_and_overrides(args.items)
+    if args.func is cmd_env_eval:
+        files = [f for f in files if _is_config_file(f)]
+    return list(args.config or []) + files, overrides
+
+
+def _solution_folders(args: argparse.Namespace) -> list[str]:
+    """`env eval`'s items that are neither config files nor overrides."""
+    return [i for i in args.items if "=" not in i and not _is_config_file(i)]
 
 
 def _run_config(files: list[str], overrides: list[str]):
@@ -44,7 +59,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     from configs.document import render
     from configs.load import load_config
 
-    files, overrides = _split_files_and_overrides(args.items)
+    files, overrides = _config_items(args)
     cfg = load_config(files, overrides, require_complete=False)
     print(render(cfg), end="")
     return 0
@@ -65,7 +80,7 @@ def cmd_tasks_list(args: argparse.Namespace) -> int:
     from tasks.describe import describe_task
     from tasks.loader import load_tasks
 
-    tasks, failures = load_tasks(args.paths)
+    tasks, failures = load_tasks(_existing(args.paths))
     rows = []
     for task in tasks:
         shape = describe_task(task, args.backend)
@@ -74,17 +89,35 @@ def cmd_tasks_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"tasks": rows, "failures": [asdict(f) for f in failures]}, indent=2))
         return 1 if failures else 0
-    table = Table(title=f"{len(tasks)} tasks ({args.backend} shapes)")
-    for col in ("id", "level", "entry points", "inputs", "init inputs"):
-        table.add_column(col)
-    for row in rows:
-        e = row["entry"]
-        table.add_row(row["id"], str(row["level"] or "-"), f"{e['model']}, {e['inputs']}, {e['init_inputs']}",
-                      "\n".join(row["inputs"]), ", ".join(row["init_inputs"]) or "-")
-    console.print(table)
-    for failure in failures:
-        console.print(f"[red]failed[/red] {failure.path}: {failure.reason}")
+    if rows:  # an empty table would say nothing the failures below do not
+        table = Table(title=f"{len(tasks)} tasks ({args.backend} shapes)")
+        for col in ("id", "level", "entry points", "inputs", "init inputs"):
+            table.add_column(col)
+        for row in rows:
+            e = row["entry"]
+            table.add_row(row["id"], str(row["level"] or "-"), f"{e['model']}, {e['inputs']}, {e['init_inputs']}",
+                          "\n".join(row["inputs"]), ", ".join(row["init_inputs"]) or "-")
+        console.print(table)
+    _print_load_failures(failures, "failed")
     return 1 if failures else 0
+
+
+def _existing(paths: list[str]) -> list[str]:
+    """The problem paths given, all of which must exist: a misspelt one is an error, not an empty table."""
+    from tasks.task import TaskError
+
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise TaskError(f"no such file or folder: {', '.join(missing)}; give problem files or folders (with none, the "
+                        "starter set)")
+    return paths
+
+
+def _print_load_failures(failures: list, what: str) -> None:
+    from rich.text import Text
+
+    for failure in failures:  # a reason may hold brackets: not markup
+        console.print(Text.assemble((what, "red"), f" {failure.path}: {failure.reason}"))
 
 
 def cmd_tasks_check(args: argparse.Namespace) -> int:
@@ -97,7 +130,7 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    tasks, failures = load_tasks(args.paths)
+    tasks, failures = load_tasks(_existing(args.paths))
     results = []
     for task in track(tasks, description="running references", console=err_console, disable=args.json or args.jsonl):
         results.append(screen_task(task, args.backend, window_ms=(args.min_ms, args.max_ms), try_compile=args.compile,
@@ -122,8 +155,7 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
         if extra:
             console.print(f"{len(extra)} task(s) need transformed verification sets (a trivial kernel passes their own "
                           "inputs; the environment adds the sets named): " + ", ".join(r.task_id for r in extra))
-        for failure in failures:
-            console.print(f"[red]failed to load[/red] {failure.path}: {failure.reason}")
+        _print_load_failures(failures, "failed to load")
     return 0 if all(r.ok for r in results) and not failures else 1
 
 
@@ -131,8 +163,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from configs.load import load_config
     from launch.doctor import diagnose, print_report
 
-    files, overrides = _split_files_and_overrides(args.items)
-    report = diagnose(load_config(files, overrides), " ".join(args.items) or "defaults")
+    files, overrides = _config_items(args)
+    named = " ".join(files) or "the default config"
+    report = diagnose(load_config(files, overrides), named + (f" (with {len(overrides)} override(s))" if overrides else ""))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -163,9 +196,14 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
     from launch.report import print_eval_result
     from tasks.task import TaskError
 
-    # Folders and key=value overrides in any order (after --json too): an override has a "=".
-    folders, overrides = _split_files_and_overrides(args.solutions + args.overrides)
-    cfg = _run_config(args.config or [], overrides)
+    # Folders, config files and key=value overrides in any order (after --json too): an override
+    # has a "=", a config file is a .yaml or a shipped config's name, anything else is a folder.
+    files, overrides = _config_items(args)
+    folders = _solution_folders(args)
+    if not folders:
+        raise TaskError("no solution folder given: name one or more folders holding model_new.py after the task "
+                        "(e.g. cuda-agent env eval level1/01_gelu tests/env_corpus/legit/gelu_omp)")
+    cfg = _run_config(files, overrides)
     task = _find_task(args.task, args.tasks)
     solutions = []
     for name in folders:
@@ -194,6 +232,15 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
         rows = [result.to_dict() for result in results]
         print(json.dumps(rows[0] if len(rows) == 1 else [{"solution": n, **r} for (n, _), r in zip(solutions, rows)], indent=2))
     return 0 if all(result.failure is None for result in results) else 1
+
+
+def _is_config_file(name: str) -> bool:
+    """A config file (a .yaml path) or a shipped config's name, as opposed to a solution folder."""
+    from configs.load import packaged_config_dir
+
+    if Path(name).is_dir():
+        return False
+    return name.endswith((".yaml", ".yml")) or (packaged_config_dir() / f"{name}.yaml").is_file()
 
 
 def _end_with_the_command(pool) -> None:
@@ -235,30 +282,66 @@ def _find_task(name: str, paths: list[str] | None):
 
 def cmd_episode(args: argparse.Namespace) -> int:
     import asyncio
+    import contextlib
+    import os
 
-    from actors.run_logs import quiet_libraries
+    from actors.run_logs import output_to_log, quiet_libraries, worker_log_dir
 
-    overrides = list(args.overrides) + ([f"env.backend={args.backend}"] if args.backend else [])
+    files, overrides = _config_items(args)
+    overrides += [f"env.backend={args.backend}"] if args.backend else []
     overrides += [f"rollout.max_turns={args.max_turns}"] if args.max_turns else []
-    cfg = _run_config(args.config or [], overrides)
-    # The engine runs in this process here, not in an actor: quieted as the actors are, before
-    # vLLM and transformers are imported (they read their levels then).
-    if str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file":
-        quiet_libraries()
-    from launch.episode import run_single_episode
-    from launch.report import print_transcript
-
+    cfg = _run_config(files, overrides)
     task = _find_task(args.task, args.tasks)
-    traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet))
-    print_transcript(traj, console)
+    # The engine runs in this process here, not in an actor: quieted as the actors are, before
+    # vLLM and transformers are imported (they read their levels then), and what they print
+    # anyway (Triton, NUMA, FutureWarnings, the engine core's start-up) goes to the run's logs/.
+    to_file = str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file"
+    log_file = worker_log_dir(cfg.logging.out_dir) / f"episode-{os.getpid()}.log"
+    if to_file:
+        quiet_libraries()
+    from rich.console import Console
+    from rich.markup import escape
+
+    from launch.episode import run_single_episode
+    from launch.report import episode_line, print_transcript
+
+    err_console.print(f"one episode of {args.policy} on {task.id}, up to {cfg.rollout.max_turns} turn(s): starting "
+                      "the policy and the environment" + (f" (their output: {log_file})" if to_file else ""))
+    try:
+        with output_to_log(log_file) if to_file else contextlib.nullcontext(sys.stderr) as terminal:
+            shown = Console(file=terminal, stderr=True) if to_file else err_console
+            traj, out = asyncio.run(run_single_episode(cfg, task, args.policy, args.out, progress=not args.quiet,
+                                                       console=shown))
+    except Exception:
+        if to_file:
+            err_console.print(f"the episode failed; the libraries' output is in {log_file}")
+        raise
+    if args.transcript:
+        path = Path(args.transcript)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            print_transcript(traj, Console(file=f, width=100, color_system=None))
+        console.print(episode_line(traj) + f"; transcript: {escape(str(path))}", highlight=False, soft_wrap=True)
+    else:
+        print_transcript(traj, console)
     console.print(f"trajectory saved to {out}")
     return 0 if traj.stop_reason != "error" else 1
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from launch.report import print_training_summary
     from launch.train import train
 
-    cfg = _run_config(*_split_files_and_overrides(args.items))
+    cfg = _run_config(*_config_items(args))
+    if args.report_only:  # a run's summary again, without starting anything
+        out = Path(cfg.logging.out_dir)
+        if not (out / "metrics.jsonl").exists():
+            from configs.load import ConfigError
+
+            raise ConfigError(f"no training run in {out} (no metrics.jsonl): give the config (and logging.out_dir) "
+                              "the run was started with")
+        print_training_summary(out, console)
+        return 0
     started = time.time()
     try:
         out = train(cfg)
@@ -268,17 +351,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except Exception:
         _point_at_worker_output(cfg, cfg.logging.out_dir, started)
         raise
-    from launch.report import print_training_summary
-
-    print_training_summary(out, console)
-    console.print(f"done: metrics, plots and checkpoints in {out}")
+    console.print(f"done in {(time.time() - started) / 60:.1f} min: metrics, plots and checkpoints in {out}")
+    if not args.no_summary:
+        print_training_summary(out, console)
     return 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from launch.synth import run_synth
 
-    cfg = _run_config(*_split_files_and_overrides(args.items))
+    cfg = _run_config(*_config_items(args))
     try:
         report = run_synth(cfg, progress=cfg.logging.progress)
     except KeyboardInterrupt:
@@ -301,21 +383,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from launch.eval import build_sweep, run_sweep, write_report_of
     from tasks.task import TaskError
 
-    files, overrides = _split_files_and_overrides(args.items)
-    # --tasks takes several values, so overrides typed after it land there: give them back.
-    overrides += [t for t in args.tasks or [] if "=" in t and not Path(t).exists()]
-    args.tasks = [t for t in args.tasks or [] if t not in overrides] or None
-    cfg = _run_config(files, overrides)
+    cfg = _run_config(*_config_items(args))
     if args.solutions and args.policy:
         raise TaskError("give --policy (run agents) or --solutions (score existing kernels), not both")
     from configs.load import under_root
 
     sweep = build_sweep(cfg, args.policy, args.tasks, args.out and under_root(cfg, args.out), args.solutions)
+    if not (args.policy or args.solutions or args.report_only) and not _names_eval_policy(*_config_items(args)):
+        _refuse_an_unasked_cpu_sweep(cfg, sweep)
     if args.report_only:  # a stopped sweep's report, for the problems it finished
         if not write_report_of(sweep):
             raise TaskError(f"no finished episodes of these problems in {sweep.out}/results.jsonl: nothing to report")
         return _print_eval_summary(sweep.out, sweep.policy)
-    console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}; "
+    turns = "" if args.solutions else f", up to {cfg.eval.max_turns} turns each"
+    console.print(f"evaluating {len(sweep.tasks)} problem(s) x {sweep.samples} sample(s) with {sweep.policy}{turns}; "
                   f"results in {sweep.out}")
     started = time.time()
     try:
@@ -328,6 +409,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _point_at_worker_output(cfg, sweep.out, started)
         raise
     return _print_eval_summary(out, sweep.policy)
+
+
+def _names_eval_policy(files: list[str], overrides: list[str]) -> bool:
+    """Whether the command line or one of its config files sets eval.policy (not the schema's default)."""
+    from omegaconf import OmegaConf
+
+    from configs.load import resolve_config_path
+
+    if any(o.split("=", 1)[0] == "eval.policy" for o in overrides):
+        return True
+    return any(OmegaConf.select(OmegaConf.load(resolve_config_path(f)), "eval.policy") is not None for f in files)
+
+
+def _refuse_an_unasked_cpu_sweep(cfg, sweep) -> None:
+    """`cuda-agent eval` with no --policy, --solutions or eval.policy runs the default policy on every
+    problem: with vLLM on the CPU that is hours of work, which nobody should start by leaving out a flag."""
+    from tasks.task import TaskError
+
+    kind = sweep.policy.partition(":")[0]
+    if kind != "vllm" or int(cfg.cluster.generator_gpus) > 0:
+        return
+    raise TaskError(
+        f"no --policy or --solutions given: this would run {sweep.policy} (eval.policy) with vLLM on the CPU on "
+        f"{len(sweep.tasks)} problem(s) x {sweep.samples} sample(s), up to {cfg.eval.max_turns} turns each: minutes per "
+        f"episode, hours in all. Give --policy {sweep.policy} to run it anyway (--tasks and eval.max_turns=N make it "
+        "smaller), or --solutions DIR to score existing kernels")
 
 
 def _print_eval_summary(out: Path, policy: str) -> int:
@@ -353,10 +460,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     items = list(args.items)
     command = items.pop(0) if items and items[0] in COMMANDS else "train"
-    # --tasks takes several values, so overrides typed after it land there: give them back (as eval does).
-    items += [t for t in args.tasks or [] if "=" in t and not Path(t).exists()]
-    tasks = [t for t in args.tasks or [] if t not in items] or None
-    job_id, run_dir = submit(command, items, args.address, args.policy, tasks, args.solutions, args.out)
+    items = list(args.config or []) + items
+    job_id, run_dir = submit(command, items, args.address, args.policy, args.tasks, args.solutions, args.out)
     console.print(f"submitted {command} as job [bold]{job_id}[/bold]; its run folder: {run_dir} (on the driver's node)")
     console.print(f"follow it: cuda-agent jobs logs {job_id} --follow; stop it (a checkpoint is saved): "
                   f"cuda-agent jobs stop {job_id}; submit the same command again to resume")
@@ -405,13 +510,52 @@ def cmd_jobs_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+CONFIG_ITEMS = "FILE|key=value"
+CONFIG_HELP = ("config files (a path, or a shipped config's name, listed below), then key=value overrides; "
+               "`cuda-agent config show` prints the result")
+CONFIG_OPTION_HELP = "a config file, as a FILE item gives it (repeatable; kept for older command lines)"
+TASKS_HELP = "problem files or folders, one or several after the flag (default: {default})"
+STAGES_HELP = """stages (stage.name=..., default recipe: all four in this order):
+  single_turn_ppo   PPO warm-up on single-turn episodes (stage.single_turn_max_turns)
+  rft               rejection fine-tuning on the episodes that pass learner.rft's filter
+  value_pretrain    the critic trained on the policy's episodes, the policy fixed
+  agentic_ppo       multi-turn agentic PPO with the critic (rollout.max_turns)
+"""
+FIRST_COMMANDS = """first commands:
+  cuda-agent doctor cpu-demo       what this machine has, and whether the CPU demo can run here
+  cuda-agent train cpu-demo        the whole recipe on the CPU (what `make demo` runs; ~11 min on 2 cores)
+  cuda-agent tasks list            the starter problems
+  cuda-agent env eval level1/01_gelu tests/env_corpus/legit/gelu_omp   score one kernel
+Each command's --help says more; README.md has the rest."""
+
+
+def _shipped_lines() -> str:
+    from configs.load import shipped_configs
+
+    return "shipped configs (give several to stack them, later ones win):\n" + "\n".join(
+        f"  {name:<14}{about}" for name, about in shipped_configs().items())
+
+
+def _add_config_items(p: argparse.ArgumentParser, example: str, about: str = CONFIG_HELP) -> None:
+    p.add_argument("items", nargs="*", metavar=CONFIG_ITEMS, help=f"{about}; {example}")
+    p.add_argument("--config", action="append", metavar="FILE", help=CONFIG_OPTION_HELP)
+
+
+def _add_tasks(p: argparse.ArgumentParser, default: str) -> None:
+    # Several values after one flag, and the flag repeated: both read the same (extend).
+    p.add_argument("--tasks", nargs="+", action="extend", metavar="PATH", help=TASKS_HELP.format(default=default))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cuda-agent", description="Train and evaluate LLM agents that write fast kernels.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="cuda-agent", description="Train and evaluate LLM agents that write fast kernels.",
+                                     formatter_class=raw, epilog=FIRST_COMMANDS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
-    show = config.add_parser("show", help="print the resolved config: FILES (paths or shipped names) then key=value overrides")
-    show.add_argument("items", nargs="*", metavar="FILE|key=value")
+    show = config.add_parser("show", help="print the resolved config, every key with its comment",
+                             formatter_class=raw, epilog=_shipped_lines())
+    _add_config_items(show, "with none, the defaults", about=CONFIG_HELP.split(";")[0])
     show.set_defaults(func=cmd_config_show)
     config.add_parser("defaults", help="print the documented defaults (the source of configs/defaults.yaml)").set_defaults(
         func=cmd_config_defaults)
@@ -435,42 +579,48 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="the kernel environment").add_subparsers(dest="action", required=True)
     ev = env.add_parser("eval", help="compile, verify and profile solution folders (model_new.py [+ kernel.cpp|kernel.cu])",
-                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+                        formatter_class=raw, epilog=(
                             "Each command starts the environment cold (its harness, servers and the task's baselines: "
                             "~17 s on 2 CPUs,\nagainst ~1.6 s warm): give several folders to one command, or score many "
                             "problems with\n`cuda-agent eval --solutions DIR`, to keep it warm. Nothing the command starts "
                             "outlives it, but\nthe precompiled torch/extension.h for load_inline builds: built once per "
                             "machine by a job of its\nown (env.pch_dir; its log beside it)."))
-    ev.add_argument("task", help="task id, e.g. level1/03_softmax (see `cuda-agent tasks list`)")
-    ev.add_argument("solutions", nargs="+", metavar="FOLDER",
-                    help="folder(s) with model_new.py and its kernel sources, evaluated in turn by one environment")
-    ev.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.backend=cuda")
-    ev.add_argument("--config", action="append", help="config file(s) under the overrides")
-    ev.add_argument("--tasks", action="append", help="task files or folders (default: the starter set)")
-    ev.add_argument("--mode", choices=["compile", "verify", "full"], default="full")
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("task", help="task id, e.g. level1/03_softmax (see `cuda-agent tasks list`), or a problem file")
+    ev.add_argument("items", nargs="*", metavar="FOLDER|FILE|key=value",
+                    help="folder(s) with model_new.py and its kernel sources, evaluated in turn by one environment; "
+                         "config files (a .yaml, or a shipped config's name) and key=value overrides, e.g. env.backend=cuda")
+    ev.add_argument("--config", action="append", metavar="FILE", help=CONFIG_OPTION_HELP)
+    _add_tasks(ev, "the starter set")
+    ev.add_argument("--mode", choices=["compile", "verify", "full"], default="full",
+                    help="compile: build only; verify: build and check the outputs on the verification sets; full "
+                         "(default): also time against eager and torch.compile, as a training episode's reward does")
+    ev.add_argument("--json", action="store_true", help="print each result as JSON (a list for several folders)")
     ev.set_defaults(func=cmd_env_eval)
 
-    ep = sub.add_parser("episode", help="run one agent episode on a task and print its transcript")
-    ep.add_argument("task", help="task id, e.g. level1/01_gelu (see `cuda-agent tasks list`)")
-    ep.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rollout.temperature=0.7")
+    ep = sub.add_parser("episode", help="run one agent episode on a task and print its transcript",
+                        formatter_class=raw, epilog=_shipped_lines())
+    ep.add_argument("task", help="task id, e.g. level1/01_gelu (see `cuda-agent tasks list`), or a problem file")
+    _add_config_items(ep, "e.g. cpu-demo rollout.temperature=0.7")
     ep.add_argument("--policy", default="vllm:embedded", help="vllm:MODEL_DIR (embedded: SmolLM2), openai:URL[#model], or replay:FILE")
     ep.add_argument("--backend", choices=["cpp", "cuda"], help="kernel backend (default: env.backend)")
     ep.add_argument("--max-turns", type=int, help="turn budget (default: rollout.max_turns)")
     ep.add_argument("--out", help="where to save the trajectory (msgpack); default: logging.out_dir/episodes/")
-    ep.add_argument("--config", action="append", help="config file(s) under the overrides")
-    ep.add_argument("--tasks", action="append", help="task files or folders (default: the starter set)")
+    ep.add_argument("--transcript", metavar="FILE",
+                    help="write the transcript to FILE and print only the episode's one-line result")
+    _add_tasks(ep, "the starter set")
     ep.add_argument("--quiet", action="store_true", help="no live status line")
     ep.set_defaults(func=cmd_episode)
 
-    evp = sub.add_parser("eval", help="an evaluation sweep (agents, or existing kernels) and its report: CONFIG files then "
-                         "key=value overrides", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+    evp = sub.add_parser("eval", help="an evaluation sweep (agents, or existing kernels) and its report",
+                         formatter_class=raw, epilog=(
                              "--solutions DIR reads, per problem: DIR/TASK_ID/ or DIR/NAME/ holding model_new.py (and its "
                              "kernel sources), DIR/TASK_ID.py or DIR/NAME.py defining ModelNew, or KernelBench's "
-                             "level_L_problem_P_sample_S_kernel.py.\nRerunning the same command continues a stopped sweep."))
-    evp.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo eval.samples_per_task=4")
+                             "level_L_problem_P_sample_S_kernel.py.\nRerunning the same command continues a stopped sweep. "
+                             "Without a GPU, running a policy (up to eval.max_turns turns per episode) takes\nminutes per "
+                             "episode: give --policy to mean it.\n\n" + _shipped_lines()))
+    _add_config_items(evp, "e.g. cpu-demo eval.samples_per_task=4")
     evp.add_argument("--policy", help="vllm:MODEL_DIR, vllm:embedded, openai:URL#MODEL or replay:FILE|DIR (default: eval.policy)")
-    evp.add_argument("--tasks", nargs="+", help="problem files or folders (default: eval.tasks, else the starter set)")
+    _add_tasks(evp, "eval.tasks, else the starter set")
     evp.add_argument("--solutions", metavar="DIR", help="score existing solutions in DIR instead of running a policy")
     evp.add_argument("--out", help="output folder (default: eval.out_dir)")
     evp.add_argument("--quiet", action="store_true", help="no live progress display")
@@ -478,22 +628,30 @@ def build_parser() -> argparse.ArgumentParser:
                      "already finished in the output folder (a stopped sweep's)")
     evp.set_defaults(func=cmd_eval)
 
-    tr = sub.add_parser("train", help="run a training stage or the whole recipe: CONFIG files then key=value overrides")
-    tr.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
+    tr = sub.add_parser("train", help="run a training stage or the whole recipe", formatter_class=raw,
+                        epilog=STAGES_HELP + "\n" + _shipped_lines() + "\n\nA rerun of the same command resumes; "
+                        "results go to logging.out_dir (metrics.jsonl, plots, exports, logs/).")
+    _add_config_items(tr, "e.g. cpu-demo stage.name=agentic_ppo stage.steps=20")
+    tr.add_argument("--no-summary", action="store_true", help="end without the summary table (--report-only prints it "
+                    "later: make demo shows an episode of the trained policy first)")
+    tr.add_argument("--report-only", action="store_true", help="run nothing: print the summary of the run in "
+                    "logging.out_dir (its stages, plots and policy)")
     tr.set_defaults(func=cmd_train)
 
-    sy = sub.add_parser("synth", help="build a training task set (crawl, compose, filter, dedup, screen): CONFIG files then key=value overrides")
-    sy.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. synth.tasks=300 synth.out_dir=runs/synth")
+    sy = sub.add_parser("synth", help="build a training task set (crawl, compose, filter, dedup, screen)",
+                        formatter_class=raw, epilog=_shipped_lines())
+    _add_config_items(sy, "e.g. synth.tasks=300 synth.out_dir=runs/synth")
     sy.set_defaults(func=cmd_synth)
 
     sb = sub.add_parser("submit", help="run train (default), eval or synth as a Ray job on a running cluster: "
                         "[COMMAND] CONFIG files then key=value overrides")
     sb.add_argument("items", nargs="*", metavar="COMMAND|FILE|key=value",
                     help="e.g. train cluster-2x8 stage.steps=200, or eval gpu-1xh100 (default command: train)")
+    sb.add_argument("--config", action="append", metavar="FILE", help=CONFIG_OPTION_HELP)
     sb.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: job.address, RAY_ADDRESS, "
                     "else this machine's)")
     sb.add_argument("--policy", help="eval: the policy spec, as `cuda-agent eval` takes it (paths on the head node)")
-    sb.add_argument("--tasks", nargs="+", help="eval: problem files or folders on the head node (relative: in the package)")
+    _add_tasks(sb, "eval: eval.tasks; paths on the head node, relative ones in the package")
     sb.add_argument("--solutions", metavar="DIR", help="eval: score existing solutions in DIR (on the head node)")
     sb.add_argument("--out", help="eval: output folder (relative: under storage.root)")
     sb.add_argument("--follow", action="store_true", help="print the job's output until it ends")
@@ -501,23 +659,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     jobs = sub.add_parser("jobs", help="Ray jobs on a cluster: list, logs, stop").add_subparsers(dest="action", required=True)
     jl = jobs.add_parser("list", help="every job the cluster knows, newest first")
-    jl.add_argument("--json", action="store_true")
+    jl.add_argument("--json", action="store_true", help="machine-readable output")
     jl.set_defaults(func=cmd_jobs_list)
     jg = jobs.add_parser("logs", help="a job's driver output")
-    jg.add_argument("job_id")
+    jg.add_argument("job_id", help="the job's id, as `cuda-agent submit` printed it or `cuda-agent jobs list` shows it")
     jg.add_argument("--follow", action="store_true", help="keep printing until the job ends")
     jg.set_defaults(func=cmd_jobs_logs)
     js = jobs.add_parser("stop", help="stop a job: its driver saves a checkpoint, then exits")
-    js.add_argument("job_id")
+    js.add_argument("job_id", help="the job's id, as `cuda-agent jobs list` shows it")
     js.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for it to end")
     js.set_defaults(func=cmd_jobs_stop)
     for p in (jl, jg, js):
         p.add_argument("--address", help="the head's Jobs API, http://HEAD:8265 (default: RAY_ADDRESS, else this machine's)")
 
-    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and whether a config can run here (exit 1 when "
-                            "something it needs is missing): CONFIG files then key=value overrides (default: the defaults)")
-    doctor.add_argument("items", nargs="*", metavar="FILE|key=value", help="e.g. cpu-demo, or gpu-1xh100 model.path=/models/q")
-    doctor.add_argument("--json", action="store_true")
+    doctor = sub.add_parser("doctor", help="versions, GPUs, compilers, and whether a config can run here (exit 1 "
+                            "naming the fix when something it needs is missing)", formatter_class=raw,
+                            epilog=_shipped_lines())
+    _add_config_items(doctor, "e.g. cpu-demo, or gpu-1xh100 model.path=/models/q (with none, the defaults)")
+    doctor.add_argument("--json", action="store_true", help="the report as JSON: packages, tools, GPUs, backends and "
+                        "each need with its fix")
     doctor.set_defaults(func=cmd_doctor)
 
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="action", required=True)
@@ -525,6 +685,27 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", help="default: model.cache_dir from the config")
     prepare.set_defaults(func=cmd_model_prepare)
     return parser
+
+
+def sort_out_items(args: argparse.Namespace, unknown: list[str]) -> list[str]:
+    """Positional items typed after an option, and overrides caught by --tasks, back where they belong;
+    returns what is left unrecognised.
+
+    argparse takes one run of positionals, so `eval cpu-demo --policy P key=value` hands
+    `key=value` back as unknown: it is one of the command's items. `--tasks` takes several
+    values, so a key=value typed after it (not a path) lands there, and on `env eval` a
+    solution folder (one holding model_new.py) too."""
+    if not hasattr(args, "items"):
+        return unknown
+    args.items += [u for u in unknown if not u.startswith("-")]
+    left = [u for u in unknown if u.startswith("-")]
+    if getattr(args, "tasks", None):
+        back = [t for t in args.tasks if "=" in t and not Path(t).exists()]
+        if args.func is cmd_env_eval:
+            back += [t for t in args.tasks if (Path(t) / "model_new.py").is_file()]
+        args.tasks = [t for t in args.tasks if t not in back] or None
+        args.items += back
+    return left
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -539,18 +720,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    # `eval CONFIG --policy P key=value`: argparse takes one run of positionals, so CONFIG files and
-    # overrides typed after an option arrive here; they are the command's items, not errors.
-    if getattr(args, "func", None) in (cmd_eval, cmd_submit) and all(not u.startswith("-") for u in unknown):
-        args.items += unknown
-    elif getattr(args, "func", None) is cmd_env_eval and all(not u.startswith("-") for u in unknown):
-        args.overrides += unknown  # folders or overrides typed after an option: sorted out by their "="
-    elif unknown:
+    unknown = sort_out_items(args, unknown)
+    if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError, StorageError, JobError) as err:
-        err_console.print(f"[red]error:[/red] {err}")
+        from rich.text import Text
+
+        # Not markup: a message may quote brackets ("[cpp, cuda]", "[kind]"), which rich would eat.
+        err_console.print(Text.assemble(("error:", "red"), f" {err}"))
         return 2
 
 

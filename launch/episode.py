@@ -15,13 +15,13 @@ from rollout.trajectory import Trajectory
 
 
 async def run_single_episode(cfg: Any, task: Any, policy_spec: str, out: str | None,
-                             progress: bool = True) -> tuple[Trajectory, Path]:
+                             progress: bool = True, console: Any = None) -> tuple[Trajectory, Path]:
     pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
     policy = make_policy(*resolve_policy(policy_spec, cfg))
     try:
         runner = EpisodeRunner.from_config(cfg, policy, LocalEnvClient(pool))
         traj = None
-        async for traj in runner.run_many(jobs_for([task]), progress=progress):
+        async for traj in runner.run_many(jobs_for([task]), progress=progress, console=console):
             pass
     finally:
         await policy.close()

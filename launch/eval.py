@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from actors.generator import GeneratorActor
-from actors.run_logs import ray_init_options
+from actors.run_logs import actor_creation_output, ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage, absolute_spec
 from actors.system import retry_while_restarting, start_env_workers
@@ -116,6 +116,41 @@ def check_identity(out: Path, identity: dict[str, Any]) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(identity, indent=2) + "\n")
+
+
+def describe_machine(backend: str) -> str:
+    """What this machine times a backend's kernels on, as the report names it: the GPU for cuda,
+    the CPU's model and count for cpp."""
+    if backend == "cuda":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return ", ".join(sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}))
+        except Exception:  # noqa: BLE001 - a description, never a reason to fail a sweep
+            pass
+        return "a GPU (not identified)"
+    model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                  if line.startswith("model name")), "a CPU")
+    return f"{model} ({os.cpu_count()} CPUs)"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def record_machine(out: Path, backend: str) -> None:
+    """Add this machine to sweep.json's list of those the sweep ran on (a sweep may resume elsewhere):
+    the report says what its numbers were measured on. Not part of the identity: a sweep may move."""
+    path = out / SWEEP
+    data = json.loads(path.read_text())
+    machine = describe_machine(backend)
+    if machine not in data.setdefault("machines", []):
+        data["machines"].append(machine)
+        path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- records
@@ -320,6 +355,7 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
 
     cfg, out = sweep.cfg, sweep.out
     check_identity(out, sweep.identity())
+    record_machine(out, sweep.identity()["backend"])
     records = latest_records(read_jsonl(out / RESULTS))
     # An infra failure is the environment's fault, not the policy's: a rerun tries those episodes again.
     done = {r["episode_id"] for r in records if r["failure"] != "infra"}
@@ -382,10 +418,11 @@ async def _run_todo(sweep: Sweep, reservation: Reservation, todo: list[tuple[Tas
 def start_generators(sweep: Sweep, reservation: Reservation, workers: list[Any]) -> list[Any]:
     cfg = sweep.served_cfg
     cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
-    return [GeneratorActor.options(name=f"cuda-agent-eval-generator-{slot.index}-{os.getpid()}", max_restarts=-1,
-                                   max_task_retries=0, **reservation.options(slot))
-            .remote(cfg_dict, workers, None, slot.index, sweep.served_spec, in_flight(cfg), True, sweep.storage)
-            for slot in reservation.plan.generators]
+    with actor_creation_output(cfg.logging, sweep.out):
+        return [GeneratorActor.options(name=f"cuda-agent-eval-generator-{slot.index}-{os.getpid()}", max_restarts=-1,
+                                       max_task_retries=0, **reservation.options(slot))
+                .remote(cfg_dict, workers, None, slot.index, sweep.served_spec, in_flight(cfg), True, sweep.storage)
+                for slot in reservation.plan.generators]
 
 
 def in_flight(cfg: Any) -> int:

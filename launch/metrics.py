@@ -38,6 +38,7 @@ TOKENS_PER_S = "throughput/tokens_per_s"
 ENV_QUEUE = "env/queue_depth"
 BUFFER_DEPTH = "buffer/depth"
 STALENESS = "buffer/staleness_mean"
+SKIPPED = "step/skipped"  # why a step trained nothing (RFT's filter or dynamic sampling left too few episodes); absent when it trained
 
 
 def episode_metrics(episodes: Iterable[Any]) -> dict[str, float]:

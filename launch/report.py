@@ -7,10 +7,11 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from env_pool.results import EvalResult, Milestone
-from launch.metrics import MILESTONE_RATES, REWARD, read_metrics
+from launch.metrics import MILESTONE_RATES, REWARD, SKIPPED, read_metrics
 from launch.plots import PLOTS
 from rollout.trajectory import Trajectory
 
@@ -58,13 +59,16 @@ def print_transcript(traj: Trajectory, console: Console, max_chars: int = 1500) 
             console.print(Panel(text, title=title, title_align="left", border_style="blue"), markup=False)
         else:
             console.print(Panel(text, title="observation", title_align="left", border_style="dim"), markup=False)
+    console.print(episode_line(traj), highlight=False)
+
+
+def episode_line(traj: Trajectory) -> str:
+    """An episode in one line (rich markup): its task, how it ended, its milestone and reward, its cost."""
     style = MILESTONE_STYLE[Milestone(traj.milestone)]
-    console.print(
-        f"[bold]{traj.task_id}[/bold]: {len(traj.turns)} turns, stop [bold]{traj.stop_reason}[/bold], "
-        f"[{style}]{Milestone(traj.milestone).name}[/{style}], reward {traj.reward:g}, "
-        f"{traj.num_generated} generated / {traj.num_tokens} tokens, {traj.invalid_calls} invalid calls, "
-        f"{traj.elisions} elisions, {traj.wall_s:.1f} s" + (f"\nerror: {traj.error}" if traj.error else "")
-    )
+    return (f"[bold]{traj.task_id}[/bold]: {len(traj.turns)} turns, stop [bold]{traj.stop_reason}[/bold], "
+            f"[{style}]{Milestone(traj.milestone).name}[/{style}], reward {traj.reward:g}, "
+            f"{traj.num_generated} generated / {traj.num_tokens} tokens, {traj.invalid_calls} invalid calls, "
+            f"{traj.elisions} elisions, {traj.wall_s:.1f} s" + (f"\nerror: {escape(traj.error)}" if traj.error else ""))
 
 
 def _clip(text: str, limit: int) -> str:
@@ -87,6 +91,9 @@ def print_training_summary(out_dir: str | Path, console: Console) -> None:
         rows = [r for r in records if r.get("stage") == stage]
         table.add_row(*_summary_row(stage, rows, recipe.get("stage_s", {}).get(stage)))
     console.print(table)
+    for r in records:
+        if r.get(SKIPPED):
+            console.print(f"step {r['step']} ({r.get('stage', '')}) trained nothing: {r[SKIPPED]}", markup=False)
     for name in PLOTS.values():
         if (out / name).exists():
             console.print(f"plot: {out / name}")

@@ -22,6 +22,7 @@ checkpoint and exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ from actors.system import LearnerDied, System, retry_while_restarting, start_sys
 from actors.topology import plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_model_path
 from launch.heldout import HeldOutEval
-from launch.metrics import MetricsSink, episode_metrics
+from launch.metrics import SKIPPED, MetricsSink, episode_metrics
 from launch.plots import write_plots
 from launch.progress import ProgressDisplay
 from learner.groups import group_advantages
@@ -133,39 +134,59 @@ def train(cfg: Any) -> Path:
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heldout = HeldOutEval.from_config(cfg, out)  # before Ray starts: a bad held-out set fails now
-    owns_cluster = not ray.is_initialized()
-    start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
-    plan = plan_resources(cfg)
-    check_learner_ranks(cfg, len(plan.learner))
-    reservation = reserve(plan)
-    tasks, failures = load_tasks(list(cfg.stage.tasks))
-    for f in failures:
-        log.warning("task not loaded: %s: %s", f.path, f.reason)
-    if heldout is not None:
-        heldout.warn_overlap(tasks)
-    model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-    state = RecipeState.load(out, model, cfg.stage.resume, critic)
-    storage = RunStorage.for_run(cfg.storage, out, [model, critic])
-    system = asyncio.run(start_system(cfg, plan, reservation, model, storage))
-    try:
-        for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
-            if stage not in state.done:
-                asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out, heldout))
-    finally:
-        write_plots(out)
-        system.shutdown()
-        reservation.release()
-        storage.close()
-        if owns_cluster:
-            ray.shutdown()
+    with ProgressDisplay(0, enabled=cfg.logging.progress) as display:
+        owns_cluster = not ray.is_initialized()
+        with display.phase("starting Ray"):
+            start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
+        plan = plan_resources(cfg)
+        check_learner_ranks(cfg, len(plan.learner))
+        reservation = reserve(plan)
+        tasks, failures = load_tasks(list(cfg.stage.tasks))
+        for f in failures:
+            log.warning("task not loaded: %s: %s", f.path, f.reason)
+        if heldout is not None:
+            heldout.warn_overlap(tasks)
+        model = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        state = RecipeState.load(out, model, cfg.stage.resume, critic)
+        storage = RunStorage.for_run(cfg.storage, out, [model, critic])
+        system = asyncio.run(shown_while(display, f"starting the engines: {len(plan.generators)} vLLM generator(s) and the "
+                                              f"DeepSpeed learner ({engine_wait(cfg)})",
+                                     start_system(cfg, plan, reservation, model, storage)))
+        try:
+            for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
+                if stage not in state.done:
+                    asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out, heldout, display))
+        finally:
+            write_plots(out)
+            system.shutdown()
+            reservation.release()
+            storage.close()
+            if owns_cluster:
+                ray.shutdown()
     return out
 
 
+async def shown_while(display: ProgressDisplay, what: str, awaitable: Any) -> Any:
+    async with display.watched_phase(what):
+        return await awaitable
+
+
+def engine_wait(cfg: Any) -> str:
+    """How long the engines take to start, as the display says it while they do."""
+    return "a minute or two on a CPU" if int(cfg.cluster.generator_gpus) == 0 else "minutes on a GPU"
+
+
 async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: RecipeState,
-                    base_model: str, out: Path, heldout: HeldOutEval | None = None) -> None:
+                    base_model: str, out: Path, heldout: HeldOutEval | None = None,
+                    display: ProgressDisplay | None = None) -> None:
     kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
     started = time.monotonic()
-    step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
+    own_display = display is None  # train() passes the run's; it stays up between stages
+    display = display or ProgressDisplay(steps, stage, enabled=cfg.logging.progress)
+    display.begin_stage(stage, steps)
+    async with display.watched_phase("building the learner (its engines, and its checkpoint if any)"):
+        step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
+    display.at_step(step)
     sink = MetricsSink.from_config(cfg.logging, resume_step=state.step + step)
     max_turns = cfg.stage.single_turn_max_turns if stage == "single_turn_ppo" else cfg.rollout.max_turns
     await asyncio.gather(*(g.set_max_turns.remote(max_turns) for g in system.generators))
@@ -186,27 +207,27 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     background = asyncio.create_task(feeder.run_forever()) if cfg.stage.asynchronous else None
     learner_restarts = 0
     try:
-        with ProgressDisplay(steps, stage, enabled=cfg.logging.progress) as display:
-            while step < steps:
-                try:
-                    if background is None:
-                        metrics, episodes = await synchronous_step(kind, cfg, system, feeder, assembler)
-                    else:
-                        metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler)
-                    await after_step(cfg, system, step, steps, metrics)
-                except LearnerDied as err:
-                    learner_restarts += 1
-                    log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
-                    step = await retry_while_restarting(lambda: restart_learner(kind, stage_dir, system, state,
-                                                                                base_model, steps), (LearnerDied,))
-                    continue
-                step += 1
-                metrics["jobs/learner_restarts"] = learner_restarts
-                sink.log(state.step + step, metrics, stage)
-                log_episodes(out, state.step + step, stage, episodes)
-                if heldout is not None:  # in the background: generation and the next step go on
-                    heldout.maybe_start(state.step + step, system.generators, sink)
-                display.update(step, metrics, stage)
+        while step < steps:
+            try:
+                if background is None:
+                    metrics, episodes = await synchronous_step(kind, cfg, system, feeder, assembler, display)
+                else:
+                    metrics, episodes = await learner_step(kind, cfg, system, feeder, background, assembler,
+                                                           display=display)
+                await after_step(cfg, system, step, steps, metrics)
+            except LearnerDied as err:
+                learner_restarts += 1
+                log.warning("%s; restarting the learner and resuming it from its last checkpoint", err)
+                step = await retry_while_restarting(lambda: restart_learner(kind, stage_dir, system, state,
+                                                                            base_model, steps), (LearnerDied,))
+                continue
+            step += 1
+            metrics["jobs/learner_restarts"] = learner_restarts
+            sink.log(state.step + step, metrics, stage)
+            log_episodes(out, state.step + step, stage, episodes)
+            if heldout is not None:  # in the background: generation and the next step go on
+                heldout.maybe_start(state.step + step, system.generators, sink)
+            display.update(step, metrics, stage)
     except (KeyboardInterrupt, asyncio.CancelledError):
         if heldout is not None:
             heldout.cancel()
@@ -221,7 +242,10 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
             background.cancel()
         await feeder.cancel(system.buffer)  # episodes of this stage must not feed the next
     state.version = system.version
-    exported = await system.learn("export", str(stage_dir / "export"), base_model)
+    async with display.watched_phase("exporting the stage's models"):
+        exported = await system.learn("export", str(stage_dir / "export"), base_model)
+    if own_display:
+        display.stop()
     state.policy = exported.get("policy", state.policy)
     state.critic = exported.get("critic", state.critic)
     state.done.append(stage)
@@ -230,6 +254,14 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     state.save(out)
     if not cfg.stage.keep_finished_checkpoints:
         await system.learn("drop_checkpoints")
+
+
+def skip_reason(kind: str, offered: int, left: int, ranks: int) -> str:
+    """Why a step trained nothing, in the terms of the setting that decided it."""
+    need = f"{ranks} needed (one per learner rank)"
+    if kind == "rft":
+        return f"{left} of {offered} episodes passed RFT's filter (learner.rft), {need}"
+    return f"{left} of {offered} episodes left after dynamic sampling (stage.dynamic_sampling), {need}"
 
 
 async def after_step(cfg: Any, system: System, step: int, steps: int, metrics: dict[str, Any]) -> None:
@@ -281,6 +313,33 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
     return step
 
 
+async def generate(display: ProgressDisplay, system: System, feeder: JobFeeder, episodes: int) -> list[Any]:
+    """``episodes`` episodes on the generators (the synchronous mode), the display following them;
+    the buffer's answer for each."""
+    async with display.watched_phase(f"generating {episodes} episodes", episodes_detail(system, episodes)):
+        return await feeder.run_count(episodes)
+
+
+def episodes_detail(system: System, wanted: int) -> Any:
+    """What the generators' episodes are doing, counted from the first time it is asked (a phase's start)."""
+    first: dict[str, int] = {}
+
+    async def detail() -> str:
+        stats = await asyncio.gather(*(g.get_stats.remote() for g in system.generators), return_exceptions=True)
+        now: dict[str, int] = {}
+        for s in stats:
+            for key, value in (s.get("activity", {}) if isinstance(s, dict) else {}).items():
+                now[key] = now.get(key, 0) + value
+        first.update({k: v for k, v in now.items() if k not in first})
+        done = max(0, now.get("finished", 0) - first.get("finished", 0))
+        running = now.get("started", 0) - now.get("finished", 0)
+        turns = max(0, now.get("turns", 0) - first.get("turns", 0))
+        return (f"{min(done, wanted)} of {wanted} done, {running} in flight ({now.get('generating', 0)} generating, "
+                f"{now.get('in_env', 0)} in the environment), {turns} turn(s) so far")
+
+    return detail
+
+
 async def actor_load(system: System, wall: float) -> dict[str, float]:
     """How busy the generators and env workers were: queue depths and busy time (idle is the rest)."""
     gens = await asyncio.gather(*(g.get_stats.remote() for g in system.generators), return_exceptions=True)
@@ -318,11 +377,13 @@ def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]
 
 
 async def synchronous_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
-                           assembler: GroupAssembler | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                           assembler: GroupAssembler | None = None, display: ProgressDisplay | None = None
+                           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A synchronous step: a round of stage.batch_episodes episodes, then the learner on exactly
     those of them the buffer accepted (never a wait for one it dropped)."""
-    want = accepted(await feeder.run_count(cfg.stage.batch_episodes))
-    return await learner_step(kind, cfg, system, feeder, None, assembler, want)
+    display = display or ProgressDisplay(0, enabled=False)
+    want = accepted(await generate(display, system, feeder, cfg.stage.batch_episodes))
+    return await learner_step(kind, cfg, system, feeder, None, assembler, want, display=display)
 
 
 def accepted(answers: list[Any]) -> int:
@@ -378,41 +439,55 @@ async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, backgroun
 
 
 async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
-                       assembler: GroupAssembler | None = None, want: int | None = None
-                       ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                       assembler: GroupAssembler | None = None, want: int | None = None, *,
+                       display: ProgressDisplay | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One batch of ``want`` episodes (default stage.batch_episodes) from the buffer to the learner
     (whole groups, with an assembler); lost trajectories go back to be rerun."""
+    display = display or ProgressDisplay(0, enabled=False)
     started = time.perf_counter()
-    pairs, lost = await draw(system, feeder, background, cfg.stage.batch_episodes if want is None else want)
+    want = cfg.stage.batch_episodes if want is None else want
+    # Generating in the background (asynchronous mode), the batch may be minutes away; synchronously
+    # it was generated just before (``generate``) and is drawn at once.
+    waiting = (display.watched_phase(f"waiting for a batch of {want} episodes", episodes_detail(system, want))
+               if background is not None else contextlib.nullcontext())
+    async with waiting:
+        pairs, lost = await draw(system, feeder, background, want)
     drawn = [t for _, t in pairs]
     keys: list[str] | None = None
     group_metrics: dict[str, float] = {}
     if assembler is not None:
-        pairs, keys, drawn, more_lost, group_metrics = await assemble_groups(cfg, system, feeder, background,
-                                                                             assembler, pairs)
+        async with display.watched_phase("forming whole groups of episodes", episodes_detail(system, want)):
+            pairs, keys, drawn, more_lost, group_metrics = await assemble_groups(cfg, system, feeder, background,
+                                                                                 assembler, pairs)
         lost += more_lost
     metrics: dict[str, Any] = episode_metrics(drawn)
     metrics.update(group_metrics)
+    offered = len(pairs)
     if kind == "rft":
         kept, rejected = filter_trajectories([t for _, t in pairs], cfg.learner.rft)
         metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(kept)})
         kept_ids = {t.episode_id for t in kept}
         pairs = [(i, t) for i, t in pairs if t.episode_id in kept_ids]
-    if len(pairs) >= system.learner.world_size:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
+    ranks = system.learner.world_size
+    if len(pairs) >= ranks:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
         items = [i for i, _ in pairs]
         advantages = None
         if keys is not None and str(getattr(cfg.learner.advantage, "value", cfg.learner.advantage)) == "grpo":
             advantages = group_advantages([t.reward for _, t in pairs], keys)
-        metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
-                                                     [i.weight for i in items], advantages)
-    elif pairs:
-        metrics["learner/skipped_small_batch"] = len(pairs)
+        async with display.watched_phase(f"training on {len(items)} episodes"):
+            metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
+                                                         [i.weight for i in items], advantages)
+    else:
+        if pairs:
+            metrics["learner/skipped_small_batch"] = len(pairs)
+        metrics[SKIPPED] = skip_reason(kind, offered, len(pairs), ranks)
     wall = time.perf_counter() - started
     tokens = sum(t.num_tokens for t in drawn)
     buffer_stats = await system.buffer.stats.remote()
     metrics.update(await actor_load(system, wall))
+    if SKIPPED not in metrics:  # a step that trained nothing has no throughput: its wall is a draw from the buffer
+        metrics["throughput/tokens_per_s"] = tokens / wall if wall > 0 else 0.0
     metrics.update({
-        "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "buffer": buffer_stats,
         "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": lost,
         "step_s": wall,

@@ -8,6 +8,7 @@ order that is: a slow episode never holds up the others.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,13 +69,72 @@ class ThrottledEnv:
         return throttled
 
 
+@dataclass
+class Activity:
+    """What the runner's episodes are doing now, for a live view of a long wait (launch/progress.py):
+    episodes begun and ended, turns generated, and how many episodes wait on the policy or on the
+    environment at this moment."""
+
+    started: int = 0
+    finished: int = 0
+    turns: int = 0
+    generating: int = 0
+    in_env: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class CountedPolicy:
+    """The policy, its calls counted into an Activity (a turn ends when its generation does)."""
+
+    def __init__(self, policy: Any, activity: Activity):
+        self.inner, self.activity = policy, activity
+        self.token_level, self.tokenizer = policy.token_level, policy.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        self.activity.generating += 1
+        try:
+            return await self.inner.generate(request)
+        finally:
+            self.activity.generating -= 1
+            self.activity.turns += 1
+
+
+class CountedEnv:
+    """The environment client, the requests in flight counted into an Activity."""
+
+    def __init__(self, env: Any, activity: Activity):
+        self.inner, self.activity = env, activity
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(method):
+            return method
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.activity.in_env += 1
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.activity.in_env -= 1
+
+        return counted
+
+
 class EpisodeRunner:
     def __init__(self, policy: Policy, env: EnvClient, settings: EpisodeSettings, *, backend: str,
                  workspace_root: str | Path, observation_max_chars: int = 4000, episodes_in_flight: int = 16,
                  generate_rate: float = 0.0, env_rate: float = 0.0, keep_workspaces: bool = False,
                  skill_in_prompt: bool = True, keep_solution: bool = False, rules: str = "strict"):
-        self.policy = ThrottledPolicy(policy, Throttler(generate_rate)) if generate_rate > 0 else policy
-        self.env = ThrottledEnv(env, Throttler(env_rate)) if env_rate > 0 else env
+        self.activity = Activity()
+        policy = ThrottledPolicy(policy, Throttler(generate_rate)) if generate_rate > 0 else policy
+        env = ThrottledEnv(env, Throttler(env_rate)) if env_rate > 0 else env
+        self.policy, self.env = CountedPolicy(policy, self.activity), CountedEnv(env, self.activity)
         self.settings, self.backend = settings, backend
         self.workspace_root = Path(workspace_root).expanduser()
         self.observation_max_chars = observation_max_chars
@@ -105,6 +165,7 @@ class EpisodeRunner:
 
     async def run_one(self, job: Job) -> Trajectory:
         async with self.slots:
+            self.activity.started += 1
             ws = Workspace.create(self.workspace_root, job.episode_id, job.task, self.backend, self.skill)
             try:
                 tools = ToolBox(job.task, ws, self.env, self.backend, self.observation_max_chars)
@@ -114,16 +175,18 @@ class EpisodeRunner:
                     traj.meta["solution"] = ws.solution_files()
                 return traj
             finally:
+                self.activity.finished += 1
                 if not self.keep_workspaces:
                     # In a thread: the episodes of a batch end together, and their rmtrees (ms each)
                     # must not hold up the event loop that feeds the other episodes' turns.
                     await asyncio.to_thread(ws.remove)
 
-    async def run_many(self, jobs: Iterable[Job], progress: bool = True) -> AsyncIterator[Trajectory]:
-        """Run every job, yielding trajectories as they finish, with a live progress line."""
+    async def run_many(self, jobs: Iterable[Job], progress: bool = True, console: Any = None) -> AsyncIterator[Trajectory]:
+        """Run every job, yielding trajectories as they finish, with a live progress line (on ``console``:
+        rich's own, stdout, when None)."""
         jobs = list(jobs)
         stats = EpisodeStats()
-        with _progress(progress) as bar:
+        with _progress(progress, console) as bar:
             task_id = bar.add_task("episodes", total=len(jobs), stats="")
             for done in asyncio.as_completed([self.run_one(j) for j in jobs]):
                 traj = await done
@@ -163,6 +226,6 @@ class EpisodeStats:
                 f"  >eager {sum(v for k, v in m.items() if k >= 2)}  >compile {m.get(3, 0)}")
 
 
-def _progress(enabled: bool) -> Progress:
+def _progress(enabled: bool, console: Any = None) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[stats]}"), disable=not enabled, transient=False)
+                    TextColumn("{task.fields[stats]}"), disable=not enabled, transient=False, console=console)

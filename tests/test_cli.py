@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 CLI = str(Path(sys.executable).with_name("cuda-agent"))
@@ -128,3 +130,156 @@ def test_tasks_check_names_the_verification_sets_a_task_needs():
     assert row["verification_sets"] == ["shift"] and row["eager_ms"] is None  # relu(x) == x on its own inputs
     table = run("tasks", "check", "--sets-only", str(relu))
     assert "own + shift" in table.stdout and "need transformed verification sets" in table.stdout, table.stdout
+
+
+def test_an_error_message_keeps_its_brackets_on_the_terminal():
+    # The terminal's printer read "[...]" in an error as markup and dropped it: "expected one of " and
+    # nothing after it.
+    for override, tail in (("env.backend=rocm", "expected one of cpp, cuda"),
+                           ("stage.name=ppo", "expected one of single_turn_ppo, rft, value_pretrain, agentic_ppo, recipe")):
+        out = run("config", "show", override)
+        assert out.returncode == 2 and out.stderr.strip().endswith(tail), out.stderr
+        assert f"bad value {override.split('=')[1]!r}" in out.stderr, out.stderr
+
+
+def test_a_section_given_a_value_in_a_file_names_the_section(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: 5\n")
+    out = run("config", "show", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"{bad}: 'rollout' is a section, not a value (given 5)" in out.stderr, out.stderr
+
+
+def _parsed(*argv: str):
+    from launch.cli import _config_items, build_parser, sort_out_items
+
+    args, unknown = build_parser().parse_known_args(list(argv))
+    assert sort_out_items(args, unknown) == [], f"left unrecognised: {argv}"
+    return args, _config_items(args)
+
+
+RUN_COMMANDS = [("train",), ("eval",), ("doctor",), ("synth",), ("config", "show"), ("episode", "level1/01_gelu"),
+                ("env", "eval", "level1/01_gelu", str(ROOT / "tests" / "env_corpus" / "legit" / "gelu_omp"))]
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_every_command_takes_config_files_as_items_or_with_config(command: tuple[str, ...]):
+    # train, eval and doctor took config files as positional items, episode and env eval only with
+    # --config: every command takes both now, files before overrides, --config's first.
+    positional = _parsed(*command, "cpu-demo", "rollout.max_turns=3")[1]
+    assert positional == (["cpu-demo"], ["rollout.max_turns=3"])
+    flagged = _parsed(*command, "--config", "paper", "cpu-demo", "rollout.max_turns=3")[1]
+    assert flagged == (["paper", "cpu-demo"], ["rollout.max_turns=3"])
+
+
+@pytest.mark.parametrize("command", [c for c in RUN_COMMANDS if c[0] in ("eval", "episode", "env")] + [("submit", "eval")],
+                         ids=lambda c: " ".join(c[:2]))
+def test_tasks_takes_several_paths_after_one_flag_or_the_flag_repeated(command: tuple[str, ...]):
+    # eval and submit took several values after one --tasks, episode and env eval one per flag.
+    one_flag, _ = _parsed(*command, "--tasks", "a", "b", "rollout.max_turns=3")
+    repeated, (_, overrides) = _parsed(*command, "--tasks", "a", "--tasks", "b", "rollout.max_turns=3")
+    assert one_flag.tasks == repeated.tasks == ["a", "b"]
+    assert "rollout.max_turns=3" in one_flag.items and overrides == ["rollout.max_turns=3"]
+
+
+def test_env_eval_sorts_folders_config_files_and_overrides():
+    from launch.cli import _solution_folders
+
+    legit = ROOT / "tests" / "env_corpus" / "legit"
+    args, (files, overrides) = _parsed("env", "eval", "level1/01_gelu", f"{legit}/gelu_omp", "cpu-demo", "--tasks",
+                                       "tasks/starter", f"{legit}/softmax_rows", "env.threads=1")
+    assert files == ["cpu-demo"] and overrides == ["env.threads=1"] and args.tasks == ["tasks/starter"]
+    assert _solution_folders(args) == [f"{legit}/gelu_omp", f"{legit}/softmax_rows"]
+
+
+def test_every_option_and_argument_has_help_text():
+    import argparse
+
+    from launch.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, name: str):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    yield from walk(sub, f"{name} {sub_name}")
+            elif not isinstance(action, argparse._HelpAction):
+                yield name, action
+
+    bare = [f"{name}: {action.option_strings or action.dest}" for name, action in walk(build_parser(), "cuda-agent")
+            if not action.help]
+    assert not bare, f"options and arguments without help text: {bare}"
+
+
+def test_help_points_to_a_first_command_and_train_help_lists_stages_and_configs():
+    top = run("--help")
+    assert "cuda-agent doctor cpu-demo" in top.stdout and "cuda-agent train cpu-demo" in top.stdout, top.stdout
+    train = run("train", "--help").stdout
+    for name in ("single_turn_ppo", "rft", "value_pretrain", "agentic_ppo", "cpu-demo", "gpu-1xh100", "paper"):
+        assert name in train, f"{name} missing from train --help:\n{train}"
+
+
+def test_tasks_list_of_a_missing_folder_is_one_error_line_and_no_table():
+    out = run("tasks", "list", "/no/such/folder")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.stderr.strip() == ("error: no such file or folder: /no/such/folder; give problem files or folders "
+                                  "(with none, the starter set)"), out.stderr
+
+
+def test_doctor_without_a_config_speaks_of_the_default_config():
+    out = run("doctor")
+    assert "everything the default config needs is here" in out.stdout, out.stdout[-500:]
+
+
+def test_eval_without_a_policy_on_the_cpu_asks_for_one_before_starting_anything():
+    out = run("eval", "--tasks", str(ROOT / "tasks" / "starter" / "level1"), "--out", "/nonexistent/never-made")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no --policy or --solutions given" in out.stderr and "--policy vllm:embedded" in out.stderr, out.stderr
+    assert "up to 200 turns" in out.stderr and "evaluating" not in out.stdout
+    assert not Path("/nonexistent/never-made").exists()
+
+
+def test_an_import_error_reaches_the_user_without_our_class_names(tmp_path: Path):
+    folder = tmp_path / "broken"
+    shutil.copytree(ROOT / "tests" / "env_corpus" / "legit" / "gelu_omp", folder)
+    source = folder / "model_new.py"
+    source.write_text(source.read_text().replace("-> torch.Tensor:", "-> torch.Tensor"))  # expected ':' 
+    out = run("env", "eval", "level1/01_gelu", str(folder), "--mode", "verify", "--json", f"env.work_dir={tmp_path / 'work'}")
+    result = json.loads(out.stdout)
+    assert result["failure"] == "compile_error" and result["message"].startswith("SyntaxError: "), result["message"]
+    assert "RoundError" not in result["message"], result["message"]
+
+
+def test_episode_with_transcript_prints_one_line_and_sends_the_libraries_output_to_the_run_logs(tmp_path: Path):
+    # The demo's last screen was 27 lines of library warnings (Triton, vLLM, NUMA, FutureWarnings),
+    # then a transcript; with --transcript the terminal gets the episode's one line and the file.
+    script = tmp_path / "submit.json"
+    script.write_text(json.dumps(['<tool_call>{"name": "submit", "arguments": {}}</tool_call>']))
+    transcript = tmp_path / "transcript.txt"
+    out = run("episode", "level1/01_gelu", "cpu-demo", f"logging.out_dir={tmp_path}", f"env.work_dir={tmp_path / 'env'}",
+              "--policy", f"replay:{script}", "--transcript", str(transcript), "--quiet")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("level1/01_gelu: 1 turns, stop submit, FAIL, reward -1"), out.stdout
+    assert lines[0].endswith(f"transcript: {transcript}") and lines[1].startswith("trajectory saved to "), out.stdout
+    [starting] = out.stderr.strip().splitlines()  # and nothing else: the libraries' output is in the log named
+    assert starting.startswith(f"one episode of replay:{script} on level1/01_gelu, up to 2 turn(s)"), out.stderr
+    assert f"their output: {tmp_path / 'logs'}/episode-" in starting, starting
+    assert "turn 1, policy v0" in transcript.read_text()
+
+
+def test_train_report_only_prints_a_runs_summary_with_its_skipped_steps_and_starts_nothing(tmp_path: Path):
+    from launch.metrics import SKIPPED, MetricsSink
+    from launch.plots import write_plots
+
+    run_dir = tmp_path / "run"
+    with MetricsSink(run_dir, tensorboard=False) as sink:
+        sink.log(1, {"episodes": 4, "reward": {"mean": -1.0}}, stage="single_turn_ppo")
+        sink.log(2, {"episodes": 4, "reward": {"mean": -1.0}, SKIPPED: "0 of 4 episodes passed RFT's filter"}, stage="rft")
+    write_plots(run_dir)
+    out = run("train", "cpu-demo", f"logging.out_dir={run_dir}", "--report-only")
+    assert out.returncode == 0, out.stderr
+    assert f"training summary: {run_dir}" in out.stdout and f"plot: {run_dir / 'reward.png'}" in out.stdout, out.stdout
+    assert "step 2 (rft) trained nothing: 0 of 4 episodes passed RFT's filter" in out.stdout, out.stdout
+    assert not (run_dir / "logs").exists(), "nothing was started"
+    missing = run("train", "cpu-demo", f"logging.out_dir={tmp_path / 'none'}", "--report-only")
+    assert missing.returncode == 2 and f"no training run in {tmp_path / 'none'}" in missing.stderr, missing.stderr

@@ -57,6 +57,33 @@ def test_bad_enum_value_lists_the_choices():
     assert "one of cpp, cuda" in str(err.value)
 
 
+@pytest.mark.parametrize("override, choices", [("env.backend=rocm", "cpp, cuda"),
+                                               ("stage.name=ppo", "single_turn_ppo, rft, value_pretrain, agentic_ppo, recipe")])
+def test_bad_enum_value_names_the_value_and_ends_on_the_choices(override: str, choices: str):
+    # OmegaConf's own text ("expected one of [CPP, CUDA]") came after ours, its list in brackets
+    # that the terminal then read as markup: "... expected one of " and nothing after it.
+    key, value = override.split("=")
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    assert str(err.value) == f"command line: bad value {value!r} for {key!r}: expected one of {choices}"
+
+
+@pytest.mark.parametrize("text, section, given", [("rollout: 5\n", "rollout", "given 5"),
+                                                  ("rollout:\n", "rollout", "is empty"),
+                                                  ("learner:\n  rft: yes\n", "learner.rft", "given True")])
+def test_a_section_given_a_value_is_named_with_the_fix(tmp_path: Path, text: str, section: str, given: str):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config([str(bad)])
+    message = str(err.value)
+    assert message.startswith(f"{bad}: {section!r} ") and given in message, message
+    assert "None" not in message and "subclass" not in message, message  # OmegaConf's "bad value for None"
+    assert f"{section}." in message, f"an example key of the section: {message}"
+    with pytest.raises(ConfigError, match=r"^command line: 'rollout' is a section, not a value \(given 5\)"):
+        load_config(overrides=["rollout=5"])
+
+
 @dataclass
 class _NeedsPolicy:
     policy: str = MISSING  # a schema field without a default must be set by the user

@@ -44,7 +44,7 @@ def test_without_max_autotune_timings_the_report_says_not_measured_and_why():
     s = summarize([record("a", 1, 3, 2.0)], [], [], [1], False)
     assert s["groups"]["overall"]["fast1_max_autotune"] is None
     md = render_markdown(s, {"policy": "p", "backend": "cpp", "max_turns": 200, "compile_mode": "default"}, False)
-    assert "| fast_1 vs torch.compile (max-autotune) | not measured | not measured |" in md
+    assert "| fast_1 vs torch.compile (max-autotune) | not measured |" in md  # one level: its column alone
     assert "eval.max_autotune=false" in md
 
 
@@ -61,3 +61,69 @@ def test_problems_are_listed_by_level_then_kernelbench_number():
                (("100_HingeLoss", 1), ("10_3D", 1), ("2_Standard", 1), ("notes", 1), ("1_Conv", 2), ("19_ReLU", 1))]
     rows = summarize(records, [], [], [1], False)["problems"]
     assert [r["task_id"] for r in rows] == ["2_Standard", "10_3D", "19_ReLU", "100_HingeLoss", "notes", "1_Conv"]
+
+
+def scored(task: str, level: int, milestone: int, speedup: float | None, noise: float | None, failure: str | None = None) -> dict:
+    """A record of `cuda-agent eval --solutions`: no policy, so no turns and no tokens."""
+    return {**record(task, level, milestone, speedup, failure, speedup_eager=speedup), "stop_reason": "solution",
+            "turns": 0, "generated_tokens": 0, "noise": noise}
+
+
+CPU_SWEEP = {"policy": "solutions:/tmp/sols", "backend": "cpp", "max_turns": 200, "compile_mode": "default",
+             "machines": ["AMD EPYC (2 CPUs)"]}
+
+
+def test_a_sweep_of_scored_solutions_shows_no_turns_tokens_or_turn_budget():
+    s = summarize([scored("01_gelu", 1, 1, 0.9, 0.05), scored("02_swish", 1, 0, None, None, "compile_error")], [], [], [1],
+                  False)
+    md = render_markdown(s, CPU_SWEEP, False)
+    for meaningless in ("turns: mean / max", "generated tokens", "Why episodes ended", "pass@1", "pass (any sample)"):
+        assert meaningless not in md, f"{meaningless!r} means nothing in a sweep of scored solutions:\n{md}"
+    setting = md.splitlines()[2]
+    assert "turns" not in setting, f"a turn budget means nothing without a policy: {setting}"
+    assert "scored existing solutions (no policy)" in md and "| problems / solutions | 2 / 2 |" in md
+    policy_md = render_markdown(summarize([record("a", 1, 1, 1.0)], [], [], [1], False), {**CPU_SWEEP, "policy": "vllm:x"}, False)
+    assert "turns: mean / max" in policy_md and "up to 200 turns" in policy_md.splitlines()[2], "an agent's sweep keeps them"
+
+
+def test_problems_carry_their_level_and_noisy_speedups_are_marked():
+    s = summarize([scored("01_gelu", 1, 1, 0.08, 0.87), scored("03_softmax", 1, 2, 1.5, 0.05)], [], [], [1], False)
+    assert [p["problem"] for p in s["problems"]] == ["level1/01_gelu", "level1/03_softmax"]
+    md = render_markdown(s, CPU_SWEEP, False)
+    gelu = next(line for line in md.splitlines() if line.startswith("| level1/01_gelu |"))
+    softmax = next(line for line in md.splitlines() if line.startswith("| level1/03_softmax |"))
+    assert "0.08x (noisy)" in gelu and "| 87% |" in gelu, gelu
+    assert "1.50x |" in softmax and "noisy" not in softmax, softmax
+    assert "| correct with noisy timings (IQR >= 20% of median) | 1 of 2 |" in md
+    assert "Noisy timings: 1 of the 2 correct solutions" in md
+
+
+def test_the_paper_is_beside_a_sweep_only_with_the_conditions_of_each():
+    s = summarize([scored("01_gelu", 1, 1, 0.9, 0.05)], [], [], [1], False)
+    cpu = render_markdown(s, CPU_SWEEP, False)
+    assert "- The paper: KernelBench levels 1-3, CUDA kernels written by the paper's trained agent" in cpu
+    assert ("- This sweep: 1 problem(s) of level 1, C++ kernels (backend cpp) from existing solutions (no policy), timed on "
+            "AMD EPYC (2 CPUs)") in cpu
+    assert "Not comparable: the paper's kernels ran on an H100 GPU" in cpu
+    assert "DESIGN.md" not in cpu and "issue 14" not in cpu, "no document or issue outside the report to chase"
+    gpu = render_markdown(s, {**CPU_SWEEP, "backend": "cuda", "machines": ["NVIDIA H100 80GB HBM3"]}, False)
+    assert "Not comparable" not in gpu and "CUDA kernels from existing solutions" in gpu and "NVIDIA H100" in gpu
+
+
+def test_the_reports_plots_draw_only_what_the_sweep_measured():
+    import base64
+    import io
+
+    from matplotlib.image import imread
+
+    from launch.eval_report import plots
+
+    clean = summarize([scored("01_gelu", 1, 1, 0.9, 0.05)], [], [], [1], False)
+    images = plots(clean, comparable=False)
+    assert "failures_turns" not in images, "no failure and no turns: the empty 'failure kinds' box and a bar at 0 turns"
+    assert set(images) == {"rates", "fast_p"}
+    failing = summarize([scored("01_gelu", 1, 1, 0.9, 0.05), scored("02_swish", 1, 0, None, None, "compile_error")],
+                        [], [], [1], False)
+    assert "failures_turns" in plots(failing, comparable=False), "a failure kind is worth a plot"
+    for image in plots(failing).values():
+        assert imread(io.BytesIO(base64.b64decode(image))).shape[0] > 100  # a drawn PNG

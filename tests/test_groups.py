@@ -5,6 +5,7 @@ generated token of the episode."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -106,6 +107,26 @@ def test_a_ppo_trainer_refuses_grpo_with_a_kl_penalty_in_the_reward():
         PPOTrainer(LearnerConfig(advantage="grpo", kl_coef=0.1), None, None, reference=object())
 
 
+def _driver_with_buffer(monkeypatch, queue, learner):
+    """launch.train with its buffer reads served from ``queue`` in this process, and the System of
+    one learner and no generators a step needs."""
+    import launch.train as driver
+    from actors.buffer_client import Fetched
+    from actors.system import System
+
+    try:
+        from tests.test_policy_version import Remote
+    except ImportError:
+        from test_policy_version import Remote
+
+    async def nothing(*args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
+    monkeypatch.setattr(driver, "actor_load", nothing)
+    return driver, System([], Remote(queue), [], learner)
+
+
 def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_advantages(monkeypatch):
     """The driver's step (launch/train.learner_step), synchronous mode, group_size 2, dynamic
     sampling, grpo: the first draw holds a group that failed twice, which is dropped; the driver
@@ -113,15 +134,7 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
     each episode's advantage against its own group."""
     import asyncio
 
-    import launch.train as driver
-    from actors.buffer_client import Fetched
-    from actors.system import System
     from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
-
-    try:
-        from tests.test_policy_version import Remote
-    except ImportError:
-        from test_policy_version import Remote
 
     cfg = load_config([], ["stage.group_size=2", "stage.batch_episodes=4", "stage.dynamic_sampling=true",
                            "learner.advantage=grpo", "stage.asynchronous=false"])
@@ -155,13 +168,8 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
             self.calls.append(([t.task_id for t in refs], episode_advantages))
             return {"policy_trained": 1.0}
 
-    async def nothing(*args, **kwargs):
-        return {}
-
     learner = Learner()
-    system = System([], Remote(queue), [], learner)
-    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
-    monkeypatch.setattr(driver, "actor_load", nothing)
+    driver, system = _driver_with_buffer(monkeypatch, queue, learner)
     feeder = Feeder()
     assembler = GroupAssembler(2, sampler.group_of, dynamic_sampling=True)
 
@@ -184,15 +192,7 @@ def test_a_synchronous_step_trains_on_what_reached_the_buffer_when_an_episode_is
     to judge (an infra verdict: never trained on) left the driver waiting for ever."""
     import asyncio
 
-    from actors.buffer_client import Fetched
-    from actors.system import System
     from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
-    from launch import train as driver
-
-    try:
-        from tests.test_policy_version import Remote
-    except ImportError:
-        from test_policy_version import Remote
 
     cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
     queue = TrajectoryQueue(capacity=16)
@@ -217,13 +217,39 @@ def test_a_synchronous_step_trains_on_what_reached_the_buffer_when_an_episode_is
             self.trained.append([t.episode_id for t in refs])
             return {"policy_trained": 1.0}
 
-    async def nothing(*args, **kwargs):
-        return {}
-
     learner = Learner()
-    system = System([], Remote(queue), [], learner)
-    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
-    monkeypatch.setattr(driver, "actor_load", nothing)
+    driver, system = _driver_with_buffer(monkeypatch, queue, learner)
     metrics, episodes = asyncio.run(asyncio.wait_for(driver.synchronous_step("ppo", cfg, system, Feeder()), 30))
     assert learner.trained == [["e0", "e1", "e3"]] and len(episodes) == 3
     assert queue.stats().dropped_unjudged == 1
+
+
+def test_a_step_with_nothing_to_train_on_says_why_and_logs_no_throughput(monkeypatch):
+    """RFT's filter keeps no episode of a batch that all failed: the step trains nothing, and the
+    progress line said "810382 tok/s" (the batch's tokens over the time it took to read it)."""
+    import asyncio
+
+    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from launch.metrics import SKIPPED, TOKENS_PER_S
+
+    cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
+    queue = TrajectoryQueue(capacity=8)
+
+    class Learner:
+        world_size = 1
+
+        async def step(self, *args, **kwargs):
+            raise AssertionError("nothing passed RFT's filter: the learner must not be called")
+
+    driver, system = _driver_with_buffer(monkeypatch, queue, Learner())
+
+    async def run():
+        for k in range(4):
+            traj = _episode(f"ep-{k}", -1.0)
+            await queue.put(TrajectoryMeta.of(traj), traj)
+        feeder = SimpleNamespace(reruns=0, restarts=0)  # synchronous: nothing to generate once the batch is there
+        return await driver.learner_step("rft", cfg, system, feeder, None)
+
+    metrics, episodes = asyncio.run(run())
+    assert metrics[SKIPPED] == "0 of 4 episodes passed RFT's filter (learner.rft), 1 needed (one per learner rank)"
+    assert TOKENS_PER_S not in metrics and "learner" not in metrics and len(episodes) == 4

@@ -1,15 +1,17 @@
 """The metrics sink (JSONL and TensorBoard, resumable), the end-of-run plots, and the progress display."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
 from types import SimpleNamespace
 
+import pytest
 
 from launch.metrics import (METRICS_FILE, MILESTONE_RATES, REWARD, STALENESS, TB_DIR, TOKENS_PER_S, MetricsSink,
                             episode_metrics, read_metrics)
-from launch.plots import PLOTS, write_plots
+from launch.plots import PLOTS, milestone_figure, reward_figure, write_plots, y_range
 from launch.progress import ProgressDisplay
 
 
@@ -88,6 +90,44 @@ def test_plots_of_reward_and_milestone_rates_are_written_from_the_jsonl(tmp_path
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f"{path.name}: not a drawn PNG ({len(data)} bytes)"
 
 
+def demo_records() -> list[dict]:
+    """The CPU demo's metrics: one step of each stage, every episode failed, so every series is flat."""
+    flat = {"episodes": 4, REWARD: -1.0, "reward/min": -1.0, "reward/max": -1.0, **{k: 0.0 for k in MILESTONE_RATES.values()}}
+    return [{"step": i, "stage": stage, **flat}
+            for i, stage in enumerate(("single_turn_ppo", "rft", "value_pretrain", "agentic_ppo"), 1)]
+
+
+def test_stage_names_are_readable_inside_the_figure_and_apart():
+    for fig in (reward_figure(demo_records()), milestone_figure(demo_records())):
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        labels = [t for t in fig.axes[0].texts if t.get_text() in ("single turn ppo", "rft", "value pretrain", "agentic ppo")]
+        assert len(labels) == 4, [t.get_text() for t in fig.axes[0].texts]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        page = fig.bbox
+        for label, box in zip(labels, boxes):
+            assert label.get_fontsize() >= 9 and label.get_rotation() == 0, (label.get_text(), label.get_fontsize())
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (
+                f"{label.get_text()!r} is clipped: {box} outside the figure {page}")
+        for a, b in zip(boxes, boxes[1:]):
+            assert not a.overlaps(b), f"stage names overlap: {a} and {b}"
+
+
+def test_a_flat_reward_keeps_an_axis_at_least_one_reward_unit_tall():
+    # matplotlib's own limits for a constant -1 were -1.04..-0.96: a flat line drawn as if it moved.
+    lo, hi = reward_figure(demo_records()).axes[0].get_ylim()
+    assert hi - lo >= 1.0 and lo < -1.0 < hi, (lo, hi)
+    assert y_range([0.5, 2.5]) == pytest.approx((0.3, 2.7)), "a series that moves keeps a 10% margin"
+
+
+def test_milestone_series_that_coincide_stay_visible_by_their_style():
+    lines = [line for line in milestone_figure(demo_records()).axes[0].get_lines() if line.get_label() in MILESTONE_RATES]
+    styles = {(line.get_linestyle(), line.get_marker(), line.get_markersize()) for line in lines}
+    assert len(lines) == 3 and len(styles) == 3, "three series on top of one another must differ in line, marker and size"
+    sizes = sorted(line.get_markersize() for line in lines)
+    assert sizes[0] < sizes[1] < sizes[2], "hollow markers of decreasing size show each one under the next"
+
+
 def test_no_plot_is_written_for_metrics_never_logged(tmp_path):
     assert write_plots(tmp_path) == []
     log_steps(tmp_path, [1], tensorboard=False)
@@ -120,6 +160,69 @@ def test_progress_on_a_terminal_draws_a_live_panel_with_every_figure():
     for expected in ("rft: step 3/10", "reward", "1.75", "correct", "50%", "tokens/s", "88", "env queue", "buffer depth",
                      "staleness", "1.00"):
         assert expected in text, f"{expected!r} missing from the live panel:\n{text}"
+
+
+def test_a_long_wait_off_a_terminal_is_a_line_when_it_begins_and_a_line_with_its_detail_every_heartbeat(caplog):
+    # Five minutes passed in silence between Ray's start-up lines and the first step's line.
+    from rich.console import Console
+
+    display = ProgressDisplay(4, stage="single_turn_ppo", console=Console(file=io.StringIO(), force_terminal=False),
+                              heartbeat_s=0.05, refresh_s=0.01)
+    asked = []
+
+    async def detail() -> str:
+        asked.append(1)
+        return f"{len(asked)} of 4 done, 2 in flight (1 generating, 1 in the environment), {len(asked)} turn(s) so far"
+
+    async def wait() -> None:
+        async with display.watched_phase("generating 4 episodes", detail):
+            await asyncio.sleep(0.2)
+
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"):
+        asyncio.run(wait())
+    lines = caplog.messages
+    assert lines[0] == "step 1/4 [single_turn_ppo]: generating 4 episodes", lines
+    beats = lines[1:]
+    assert beats and all(line.startswith("step 1/4 [single_turn_ppo]: generating 4 episodes: ") for line in beats), lines
+    assert "in flight (1 generating, 1 in the environment)" in beats[-1] and beats[-1].endswith(" s)"), beats
+    assert len(asked) >= len(beats), "each heartbeat says what the detail said last"
+
+
+def test_a_terminal_shows_the_phase_under_way_and_its_detail():
+    from rich.console import Console
+
+    out = io.StringIO()
+    display = ProgressDisplay(2, stage="rft", console=Console(file=out, force_terminal=True, width=120), refresh_s=0.01)
+
+    async def wait() -> None:
+        async def detail() -> str:
+            return "1 of 4 done, 3 in flight"
+
+        async with display.watched_phase("generating 4 episodes", detail):
+            await asyncio.sleep(0.1)
+            display._live.refresh()
+
+    with display:
+        asyncio.run(wait())
+    text = out.getvalue()
+    assert "generating 4 episodes (0 s)" in text and "1 of 4 done, 3 in flight" in text, text
+
+
+def test_a_skipped_step_says_why_and_claims_no_throughput(caplog):
+    # "step 1/1 [rft] | ... | 810382 tok/s" when RFT had nothing to train on: tokens over the time
+    # it took to read a batch from the buffer.
+    from rich.console import Console
+
+    from launch.metrics import SKIPPED
+    from launch.train import skip_reason
+
+    display = ProgressDisplay(1, stage="rft", console=Console(file=io.StringIO(), force_terminal=False))
+    reason = skip_reason("rft", 4, 0, 1)
+    assert reason == "0 of 4 episodes passed RFT's filter (learner.rft), 1 needed (one per learner rank)"
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"):
+        display.update(1, {**episode_metrics([SimpleNamespace(reward=-1.0, milestone=0)] * 4), SKIPPED: reason})
+    [line] = caplog.messages
+    assert line.startswith(f"step 1/1 [rft] | skipped: {reason} | reward -1 |") and "tok/s" not in line, line
 
 
 def test_the_training_summary_gives_each_stage_its_episode_weighted_rates_tokens_wall_time_and_the_plots(tmp_path):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import pytest
 import ray
 
-from actors.run_logs import LOG_DIR_ENV, failure_report, ray_init_options, set_log_level
+from actors.run_logs import (DRIVER_LOG, LOG_DIR_ENV, actor_creation_output, failure_report, ray_init_options,
+                             set_log_level)
 from actors.topology import start_cluster
 from configs.load import ConfigError
 from configs.schema import ActorLogs, ClusterConfig, LoggingConfig
@@ -85,3 +87,31 @@ def test_logging_level_sets_our_loggers_and_refuses_a_name_logging_does_not_know
     assert len(logging.getLogger("cuda_agent").handlers) == 1  # set twice, one handler
     with pytest.raises(ConfigError, match="logging.level 'loud'.*DEBUG, INFO, WARNING, ERROR, CRITICAL"):
         set_log_level("loud")
+
+
+def test_the_drivers_terminal_gets_neither_rays_token_notice_nor_its_error_about_restartable_actors(tmp_path, capfd):
+    # Both printed on every training run's terminal: Ray's "Token authentication is enabled..." (a
+    # private cluster's default) and, at error level from core_worker.cc, "has constructor arguments
+    # in the object store and max_restarts > 0" for a generator given the env workers' and the
+    # buffer's handles, which the driver holds for the generator's life: nothing to act on either.
+    from actors.generator import GeneratorActor
+
+    @ray.remote(num_cpus=0)
+    class Stand:  # an env worker's or the buffer's place: a generator only keeps their handles until it runs
+        def ping(self) -> int:
+            return 1
+
+    assert not ray.is_initialized()
+    start_cluster(ClusterConfig(num_cpus=1), ray_init_options(LoggingConfig(), tmp_path))
+    try:
+        workers, buffer = [Stand.remote(), Stand.remote()], Stand.remote()
+        with actor_creation_output(LoggingConfig(), tmp_path):
+            generator = GeneratorActor.options(max_restarts=-1, num_cpus=0).remote({}, workers, buffer, 0, "vllm:/nowhere")
+        print("the driver's own stderr is back", file=sys.stderr)
+        assert ray.get(generator.get_stats.remote(), timeout=300)["version"] == -1  # built; its engine starts on first use
+    finally:
+        ray.shutdown()
+    _, err = capfd.readouterr()
+    assert "Token authentication" not in err, err
+    assert "constructor arguments in the object store" not in err and "the driver's own stderr is back" in err, err
+    assert "constructor arguments in the object store" in (tmp_path / "logs" / DRIVER_LOG).read_text()
