@@ -56,7 +56,9 @@ log = logging.getLogger("cuda_agent.eval")
 RESULTS, AUDIT, AUTOTUNE, SWEEP = "results.jsonl", "audit.jsonl", "autotune.jsonl", "sweep.json"
 SOLUTIONS = "solutions"
 # What must match between a sweep's runs for their results to share one report.
-IDENTITY = ("policy", "backend", "max_turns", "compile_mode")
+IDENTITY = ("policy", "backend", "max_turns", "compile_mode", "rules", "confidence")
+# What a sweep folder recorded before its identity had the key: a sweep resumes under them.
+IDENTITY_BEFORE = {"rules": "strict"}
 
 
 # --------------------------------------------------------------------------- the results files
@@ -109,6 +111,7 @@ def check_identity(out: Path, identity: dict[str, Any]) -> None:
     path = out / SWEEP
     if path.exists():
         before = json.loads(path.read_text())
+        before = {**IDENTITY_BEFORE, **before}
         diff = [f"{k}: {before.get(k)!r} there, {identity[k]!r} now" for k in IDENTITY if before.get(k) != identity[k]]
         if diff:
             raise ConfigError(f"{out} holds results of another sweep ({'; '.join(diff)}): give another eval.out_dir "
@@ -177,7 +180,8 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
     """The numbers a report needs from a final evaluation (EvalResult.to_dict()), flat."""
     if not final:
         return {"milestone": 0, "failure": "no_evaluation", "message": "", "violations": [], "eager_ms": None,
-                "compiled_ms": None, "candidate_ms": None, "speedup_eager": None, "speedup_compile": None, "noise": None, "compile_s": None}
+                "compiled_ms": None, "candidate_ms": None, "speedup_eager": None, "speedup_compile": None, "interval_eager": None, "interval_compile": None,
+                "noise": None, "compile_s": None}
     result = EvalResult.from_dict(final)
     return {
         "milestone": int(result.milestone),
@@ -189,6 +193,9 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
         "candidate_ms": result.candidate.median_ms if result.candidate else None,
         "speedup_eager": result.speedup_vs_eager,
         "speedup_compile": result.speedup_vs_compile,
+        # the speedups' bootstrap intervals at env.reward.confidence ([low, high]; None without timings)
+        "interval_eager": list(result.eager_interval) or None,
+        "interval_compile": list(result.compile_interval) or None,
         "noise": max((t.noise for t in (result.eager, result.compiled, result.candidate) if t), default=None),
         "compile_s": round(result.compile_s, 2),  # the candidate's build (its load_inline import included); 0 on a cache hit
     }
@@ -274,7 +281,9 @@ class Sweep:
 
     def identity(self) -> dict[str, Any]:
         return {"policy": self.policy, "backend": str(getattr(self.cfg.env.backend, "value", self.cfg.env.backend)),
-                "max_turns": int(self.cfg.eval.max_turns), "compile_mode": str(self.cfg.env.compile_mode)}
+                "max_turns": int(self.cfg.eval.max_turns), "compile_mode": str(self.cfg.env.compile_mode),
+                "rules": str(getattr(self.cfg.env.rules, "value", self.cfg.env.rules)),
+                "confidence": float(self.cfg.env.reward.confidence)}
 
 
 def build_sweep(cfg: Any, policy: str | None, task_paths: list[str] | None, out: str | None,

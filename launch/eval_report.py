@@ -31,6 +31,7 @@ from typing import Any
 
 from launch.eval import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records, read_jsonl
 from tasks.loader import numbered
+from tasks.rules import rules_named
 
 # The CUDA Agent paper's KernelBench results against torch.compile, and what they were measured on.
 PAPER = {"pass": {"overall": 0.988}, "faster_compile": {"overall": 0.968, "level 1": 0.97, "level 2": 1.00, "level 3": 0.90},
@@ -149,6 +150,7 @@ def problem_rows(records: list[dict[str, Any]], audit_of: dict[str, dict[str, An
                      "samples": len(rs), "passed": sum(map(_correct, rs)), "noise": best.get("noise"),
                      "best_milestone": best["milestone"], "failure": best["failure"], "message": best["message"],
                      "speedup_eager": best.get("speedup_eager"), "speedup_compile": best.get("speedup_compile"),
+                     "interval_eager": best.get("interval_eager"), "interval_compile": best.get("interval_compile"),
                      "speedup_max_autotune": best.get("speedup_max_autotune"),
                      "noise_max_autotune": best.get("noise_max_autotune"), "turns": best["turns"],
                      "audit": None if audit is None else ("held" if audit["held"] else "not run (infra)" if audit["failure"] == "infra"
@@ -171,6 +173,9 @@ COUNTING = [
     "max-autotune: every correct solution is timed again against torch.compile mode max-autotune on a fresh env worker; "
     "one whose re-timing failed counts as not faster.",
     "Speedups are of this environment's own baselines, timed by the same trusted harness and protocol as the candidate.",
+    "A per-problem speedup's [low-high] is its bootstrap interval over the timed rounds (the ratio of medians) at "
+    "env.reward.confidence; a speed milestone needs its low end to clear the margin, so a ratio above 1x whose "
+    "interval reaches below it is not counted faster by the environment.",
     f"A speedup marked 'noisy' comes from timings whose interquartile range is {NOISY:.0%} of their median or more "
     "(the per-problem 'noise' column: the largest of the candidate's and the baselines' IQR over median, usually a "
     "machine busy with other work); it may be off by about that much: time it again on an idle machine.",
@@ -181,8 +186,12 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def _x(x: float | None, noisy: bool = False) -> str:
-    return "n/a" if x is None else f"{x:.2f}x" + (" (noisy)" if noisy else "")
+def _x(x: float | None, noisy: bool = False, interval: list[float] | None = None) -> str:
+    """A speedup, with its bootstrap interval where the sweep measured one."""
+    if x is None:
+        return "n/a"
+    within = f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""
+    return f"{x:.2f}x{within}" + (" (noisy)" if noisy else "")
 
 
 def _scored_solutions(summary: dict[str, Any]) -> bool:
@@ -238,6 +247,14 @@ def comparable_with_paper(identity: dict[str, Any]) -> bool:
     return identity["backend"] == "cuda"
 
 
+def rules_line(identity: dict[str, Any]) -> str:
+    """The rule set a sweep was judged under, and what it means (a sweep from before rule sets: strict)."""
+    rules = rules_named(identity.get("rules", "strict"))
+    confidence = identity.get("confidence")
+    return (f"rules {rules.name}: {rules.summary}"
+            + (f"; speed milestones at {confidence:.0%} confidence" if confidence else ""))
+
+
 def sweep_conditions(summary: dict[str, Any], identity: dict[str, Any]) -> str:
     """What this sweep's numbers were measured on, in the terms the paper's are given."""
     o = summary["groups"]["overall"]
@@ -248,13 +265,17 @@ def sweep_conditions(summary: dict[str, Any], identity: dict[str, Any]) -> str:
            else f"written by {identity['policy']} (up to {identity['max_turns']} turns)")
     return (f"{o['problems']} problem(s)" + (f" of level {', '.join(map(str, levels))}" if levels else "")
             + f", {kernels} {who}, timed on {where} against eager PyTorch and torch.compile (mode "
-            f"{identity['compile_mode']}) on the same device")
+            f"{identity['compile_mode']}) on the same device, under the {identity.get('rules', 'strict')} rules")
 
 
 def paper_note(identity: dict[str, Any]) -> str:
-    if comparable_with_paper(identity):
+    if comparable_with_paper(identity) and identity.get("rules", "strict") == "paper":
         return ("Comparable where the problems and the GPU match: the paper's rates are over all of KernelBench's "
-                "levels 1-3 on an H100; ours over the problems above, on the device named.")
+                "levels 1-3 on an H100; ours over the problems above, on the device named, under the paper's rules.")
+    if comparable_with_paper(identity):
+        return ("Stricter than the paper's game: the paper checked outputs within 1e-2 and let kernels call cuBLAS and "
+                "cuDNN; this sweep checked within 1e-4 with no library computing (the strict rules), so fewer "
+                "kernels count as correct than the paper's rules would count. Evaluate with env.rules=paper to compare like with like.")
     return ("Not comparable: the paper's kernels ran on an H100 GPU against GPU baselines; these ran on a CPU "
             "against CPU baselines, where a speedup measures something else. The paper's numbers are listed for "
             "reference only.")
@@ -286,7 +307,8 @@ def problem_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         noisy = p.get("noise") is not None and p["noise"] >= NOISY and p["best_milestone"] >= 1
         rows.append([p.get("problem", p["task_id"]), f"{p['passed']}/{p['samples']}",
                      MILESTONES[p["best_milestone"]] + (f" ({p['failure']})" if p["failure"] else ""),
-                     _x(p["speedup_eager"], noisy), _x(p["speedup_compile"], noisy),
+                     _x(p["speedup_eager"], noisy, p.get("interval_eager")),
+                     _x(p["speedup_compile"], noisy, p.get("interval_compile")),
                      _x(p["speedup_max_autotune"], (p.get("noise_max_autotune") or 0.0) >= NOISY),
                      "-" if p.get("noise") is None else f"{100 * p['noise']:.0f}%",
                      *([] if scored else [str(p["turns"])]), p["audit"] or "-", p["solution"] or "-"])
@@ -404,7 +426,7 @@ def _setting(summary: dict[str, Any], identity: dict[str, Any]) -> str:
     run = "scored existing solutions (no policy)" if _scored_solutions(summary) else f"up to {identity['max_turns']} turns"
     machines = ", ".join(identity.get("machines") or [])
     return (f"backend {identity['backend']}, {run}, baseline torch.compile mode {identity['compile_mode']}"
-            + (f"; timed on {machines}" if machines else ""))
+            + (f"; timed on {machines}" if machines else "") + f"; {rules_line(identity)}")
 
 
 def render_markdown(summary: dict[str, Any], identity: dict[str, Any], max_autotune_on: bool) -> str:

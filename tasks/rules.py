@@ -31,6 +31,7 @@ class Rules:
     fast_math: bool  # nvcc --use_fast_math
     skill_libraries: str  # SKILL.md's line on libraries
     skill_tolerance: str  # SKILL.md's line on the tolerance
+    summary: str  # the evaluation report's line on them
 
     def allows(self, library_file: str) -> bool:
         """Whether time in this library (a file name: libcublas.so.13) counts as the candidate's own."""
@@ -50,6 +51,7 @@ STRICT = Rules(
                      "standard library and compiler intrinsics (and libm)."),
     skill_tolerance=("float32 tolerance is atol = rtol = 1e-4 (the strict rules). TF32 and fp16 arithmetic on fp32 "
                      "data is not accurate enough."),
+    summary="float32 outputs within 1e-4, TF32 off, no library computes for a kernel (cuBLAS and cuDNN are fallbacks)",
 )
 
 PAPER = Rules(
@@ -62,6 +64,8 @@ PAPER = Rules(
                      "every other library (numpy's own functions, cupy, triton, jax, CUTLASS)."),
     skill_tolerance=("Outputs must be within atol = rtol = 1e-2 (the paper's rules, as KernelBench checks): TF32 "
                      "tensor cores and fp16 arithmetic may pass; check your error."),
+    summary=("outputs within atol = rtol = 1e-2, TF32 as torch leaves it, cuBLAS and cuDNN allowed inside a kernel's "
+             "own code, nvcc --use_fast_math (the paper's skill file and verifier)"),
 )
 
 PRESETS = {rules.name: rules for rules in (STRICT, PAPER)}

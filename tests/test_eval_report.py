@@ -127,3 +127,38 @@ def test_the_reports_plots_draw_only_what_the_sweep_measured():
     assert "failures_turns" in plots(failing, comparable=False), "a failure kind is worth a plot"
     for image in plots(failing).values():
         assert imread(io.BytesIO(base64.b64decode(image))).shape[0] > 100  # a drawn PNG
+
+
+def test_the_report_names_its_rule_set_and_each_speedups_interval():
+    """A number means little without the game it was scored under: the paper's rules (1e-2, cuBLAS
+    allowed) count kernels correct that ours (1e-4, no library) fail, and a speed milestone is
+    decided by the speedup's interval, not the ratio of medians alone."""
+    r = {**scored("03_softmax", 1, 2, 1.5, 0.05), "interval_eager": [1.21, 1.84], "interval_compile": [1.2, 1.8]}
+    s = summarize([r], [], [], [1], False)
+    strict = render_markdown(s, {**CPU_SWEEP, "rules": "strict", "confidence": 0.95}, False)
+    setting = strict.splitlines()[2]
+    assert "rules strict: float32 outputs within 1e-4" in setting and "at 95% confidence" in setting, setting
+    softmax = next(line for line in strict.splitlines() if line.startswith("| level1/03_softmax |"))
+    assert "1.50x [1.21-1.84]" in softmax and "1.50x [1.20-1.80]" in softmax, softmax
+    assert "under the strict rules" in strict
+    gpu = {**CPU_SWEEP, "backend": "cuda", "machines": ["NVIDIA H100 80GB HBM3"]}
+    assert "Stricter than the paper's game" in render_markdown(s, {**gpu, "rules": "strict"}, False)
+    paper = render_markdown(s, {**gpu, "rules": "paper"}, False)
+    assert "rules paper: outputs within atol = rtol = 1e-2" in paper and "under the paper's rules" in paper
+    assert "Stricter" not in paper and "Not comparable" not in paper
+
+
+def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_before_rule_sets(tmp_path):
+    import json
+
+    from configs.load import ConfigError
+    from launch.eval import SWEEP, check_identity
+
+    identity = {"policy": "vllm:x", "backend": "cpp", "max_turns": 200, "compile_mode": "default", "rules": "strict",
+                "confidence": 0.95}
+    check_identity(tmp_path, identity)
+    with pytest.raises(ConfigError, match="rules: 'strict' there, 'paper' now"):
+        check_identity(tmp_path, {**identity, "rules": "paper"})
+    old = {k: v for k, v in identity.items() if k != "rules"}  # recorded before env.rules existed: strict
+    (tmp_path / SWEEP).write_text(json.dumps(old))
+    check_identity(tmp_path, identity)
