@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool import cuda_arch, host_pressure, inline_pch
+from env_pool import cuda_arch, host_pressure, inline_pch, paper_layout
 from env_pool.code_sampler import EXTENSIONS, TooManyLibraries, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
@@ -38,7 +38,7 @@ from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Viol
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from tasks.rules import rules_named
-from tasks.solution import SOLUTION_FILE
+from tasks.solution import FIXED_FILES, SOLUTION_FILE, solution_file_name_ok, uses_extension_module
 from tasks.task import Task
 
 # -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
@@ -249,10 +249,7 @@ async def measure_baselines(ctx: EvalContext, task: Task) -> Baseline | str:
 async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) -> None:
     if SOLUTION_FILE not in files:
         return _set_failure(result, "missing_files", f"{SOLUTION_FILE} is missing: it must define class ModelNew")
-    for name, text in files.items():
-        if "/" in name or name.startswith(".") or not name.endswith((".py", ".cpp", ".cu", ".h", ".hpp", ".cuh")):
-            continue  # the compile step validates kernel names; other files are the agent's notes
-        (scratch / name).write_text(text)
+    write_candidate(scratch, files)
     if not await _compile_step(ctx, files, backend, scratch, result) or mode == "compile":
         return
     key = (task.id, backend)
@@ -278,9 +275,21 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
                           f"this worker ({unjudged.removesuffix('; retried')}); correctness only")
 
 
+def write_candidate(scratch: Path, files: Mapping[str, str]) -> None:
+    """A solution's sources, headers and .py files into its scratch folder, at the root or in kernels/
+    (other names are the agent's notes); one in the paper's layout gets the environment's fixed files."""
+    paper = uses_extension_module(files)
+    for name, text in files.items():
+        if solution_file_name_ok(name) and not (paper and name in FIXED_FILES):
+            (scratch / name).parent.mkdir(exist_ok=True)
+            (scratch / name).write_text(text)
+    if paper:
+        paper_layout.install_fixed_files(scratch)
+
+
 async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     spec = BACKENDS[backend]
-    if spec.source in files:
+    if spec.source in files and not uses_extension_module(files):
         async with ctx.compile_slots:
             built = await asyncio.to_thread(_gated, ctx.gate, compile_kernel, files, backend, ctx.work_dir / "kernels",
                                             ctx.cfg.compile_timeout_s, extra_flags=build_flags(ctx.cfg, backend),
@@ -292,9 +301,10 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
         if not seal(scratch / "kernel.so"):
             return _set_failure(result, "infra", "the compiled kernel.so could not be sealed in the scratch folder")
         return True
-    if "cpp_extension" not in files[SOLUTION_FILE]:
+    if "cpp_extension" not in files[SOLUTION_FILE] and not uses_extension_module(files):
         return True  # plain Python: the candidate's own server imports it
-    # KernelBench path: importing model_new.py runs its load_inline build, under the compile limit.
+    # KernelBench path: importing model_new.py runs its load_inline build, under the compile limit;
+    # the paper's layout: the import child builds its cuda_extension first (env_pool/paper_layout.py).
     # The same files built before on this worker: their build is copied in, and the import skipped
     # (the server's own import still fails a solution that does not load).
     cached = inline_cache(ctx, files, backend)
@@ -386,7 +396,8 @@ def inline_cache(ctx, files: Mapping[str, str], backend: str) -> Path:
     """Where a load_inline solution's build is kept, keyed by its files, torch and the toolchain (a hidden folder)."""
     import torch
 
-    flags = ("load_inline", torch.__version__, os.environ.get("TORCH_CUDA_ARCH_LIST", ""), "-march=native")
+    flags = ("load_inline", torch.__version__, os.environ.get("TORCH_CUDA_ARCH_LIST", ""), "-march=native",
+             *build_flags(ctx.cfg, backend))  # the paper layout's nvcc flags follow the rules
     return ctx.work_dir / "kernels" / "inline" / cache_key(files, backend, flags)
 
 
@@ -536,7 +547,8 @@ async def _import_step(ctx, backend, scratch) -> tuple[SandboxOutcome, dict]:
 async def _import_child(ctx, backend, scratch, gpu: bool, arch: str = "") -> SandboxOutcome:
     """The candidate's model_new.py imported once, sandboxed, under the compile limit; with the GPU or without."""
     cfg = ctx.cfg
-    payload = {"role": "import", "backend": backend, "threads": cfg.threads, "light_header": bool(cfg.light_cuda_header)}
+    payload = {"role": "import", "backend": backend, "threads": cfg.threads, "light_header": bool(cfg.light_cuda_header),
+               "fast_math": rules_named(cfg.rules).fast_math}
     own = split_cpus(int(cfg.threads)).builds  # off the servers' and the harness's CPUs: a build must not disturb a timed run
     limits = SandboxLimits(wall_s=cfg.compile_timeout_s, memory_mb=cfg.memory_limit_mb, use_gpu=gpu,
                            hidden_paths=ctx.private_paths, required_isolation=UNTRUSTED_ISOLATION, cpus=tuple(own))

@@ -31,7 +31,7 @@ from typing import Mapping
 
 import msgpack
 
-from env_pool.evaluate import EvalContext, _compile_step
+from env_pool.evaluate import EvalContext, _compile_step, write_candidate
 from env_pool.results import EvalResult
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
 from tasks.solution import SOLUTION_FILE
@@ -229,9 +229,7 @@ async def ncu_summary(ctx: EvalContext, task: Task, files: Mapping[str, str]) ->
     scratch = ctx.work_dir / "scratch" / f"ncu-{uuid.uuid4().hex}"
     try:
         scratch.mkdir(parents=True)
-        for name, text in files.items():
-            if "/" not in name and not name.startswith(".") and name.endswith((".py", ".cpp", ".cu", ".h", ".hpp", ".cuh")):
-                (scratch / name).write_text(text)
+        write_candidate(scratch, files)
         built = EvalResult(task_id=task.id, backend="cuda")
         if not await _compile_step(ctx, dict(files), "cuda", scratch, built):
             return f"ncu failed: the candidate does not compile: {built.message}"

@@ -30,7 +30,7 @@ def run_import(payload: dict) -> dict:
     torch.set_num_threads(int(payload.get("threads", 1)))
     if payload.get("backend") == "cuda" and payload.get("light_header", False):
         nvcc_light.use_in_torch(Path.cwd() / ".nvcc-view")
-    module = load_solution(Path.cwd())
+    module = load_solution(Path.cwd(), payload["backend"], bool(payload.get("fast_math", False)))
     if not hasattr(module, "ModelNew"):
         return {"ok": False, "stage": "import", "error": "model_new.py does not define ModelNew"}
     return {"ok": True}
@@ -55,7 +55,7 @@ def run_ncu(payload: dict) -> dict:
     state = guards.install(scratch)
     guards.forget_environment_modules()
     state.armed = True
-    module = load_solution(scratch)
+    module = load_solution(scratch, payload["backend"])
     torch.manual_seed(payload["init_seed"])
     model = build_on(device, module.ModelNew, problem.get_init_inputs())
     copy_matching_weights(model, state_dict)

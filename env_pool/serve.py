@@ -41,13 +41,14 @@ from typing import Any, Callable
 import msgpack
 import torch
 
-from env_pool import guards, seccomp
+from env_pool import guards, paper_layout, seccomp
 from env_pool.arena import Arena
 from env_pool.inputs import build_on, make_model
 from env_pool.profile import synchronize
 from env_pool.result_channel import child_exit, child_result_channel
 from env_pool.rounds import DONE, GO, OUTS, READY, STOP, Control, Layout, Slot, SlotMemory
 from tasks.rules import rules_named
+from tasks.solution import SOLUTION_FILE, uses_extension_module
 from tasks.task import Task, build_problem
 
 SOLUTION_MODULE = "model_new"
@@ -157,7 +158,7 @@ def _build_candidate(payload: dict, problem, device: str, report: dict):
     guards.forget_environment_modules()
     state.armed = True
     try:
-        module = load_solution(scratch)
+        module = load_solution(scratch, payload["backend"])
     except Exception as err:
         raise RoundError("import", short_error(err)) from err
     if not hasattr(module, "ModelNew"):
@@ -247,11 +248,15 @@ def _check_output(value: Any, spec: Slot, device: str, where: str) -> None:
 # ----------------------------------------------------------------------------- candidate helpers
 # Also used by env_pool/runner.py (the load_inline import step and the ncu run).
 
-def load_solution(scratch: Path) -> Any:
+def load_solution(scratch: Path, backend: str, fast_math: bool = False) -> Any:
+    """Import the candidate's model_new.py (its paper-layout cuda_extension first, if it has one:
+    built in the import child, loaded prebuilt elsewhere; ``fast_math`` matters only to the build)."""
     # Last on the path (the server starts with -P): the solution may import its own helper
     # modules, but none of them can shadow an installed one.
     if str(scratch) not in sys.path:
         sys.path.append(str(scratch))
+    if uses_extension_module({SOLUTION_FILE: (scratch / SOLUTION_FILE).read_text(errors="replace")}):
+        paper_layout.load_extension(scratch, backend, fast_math)
     spec = importlib.util.spec_from_file_location(SOLUTION_MODULE, scratch / f"{SOLUTION_MODULE}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[SOLUTION_MODULE] = module

@@ -194,6 +194,7 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
 
     from env_pool.pool import EnvPool
     from launch.report import print_eval_result
+    from tasks.solution import read_solution
     from tasks.task import TaskError
 
     # Folders, config files and key=value overrides in any order (after --json too): an override
@@ -211,7 +212,7 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
         if not folder.is_dir():
             raise TaskError(f"solution folder {name!r} does not exist (or is not a folder): give the folder that "
                             "holds model_new.py")
-        solutions.append((name, {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}))
+        solutions.append((name, read_solution(folder)))
     pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
     _end_with_the_command(pool)
 

@@ -50,6 +50,7 @@ from launch.embedded_model import resolve_policy
 from rollout.env_client import RayEnvClient
 from tasks.loader import load_tasks
 from tasks.task import Task, TaskError
+from tasks.solution import read_solution, write_solution
 
 log = logging.getLogger("cuda_agent.eval")
 
@@ -106,12 +107,18 @@ class JsonlWriter:
         self.file.close()
 
 
+def recorded_identity(out: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """How the folder's results were made, as its sweep.json records it (older folders: IDENTITY_BEFORE
+    for what they did not record); ``identity`` for a folder that records none."""
+    path = out / SWEEP
+    return {**IDENTITY_BEFORE, **json.loads(path.read_text())} if path.exists() else identity
+
+
 def check_identity(out: Path, identity: dict[str, Any]) -> None:
     """Refuse to add results made another way to a folder's results; record the identity on first use."""
     path = out / SWEEP
     if path.exists():
-        before = json.loads(path.read_text())
-        before = {**IDENTITY_BEFORE, **before}
+        before = recorded_identity(out, identity)
         diff = [f"{k}: {before.get(k)!r} there, {identity[k]!r} now" for k in IDENTITY if before.get(k) != identity[k]]
         if diff:
             raise ConfigError(f"{out} holds results of another sweep ({'; '.join(diff)}): give another eval.out_dir "
@@ -171,8 +178,7 @@ def save_solution(out: Path, task_id: str, sample: int, files: dict[str, str]) -
     rel = Path(SOLUTIONS) / task_id / f"s{sample}"
     folder = out / rel
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name).write_text(text)
+    write_solution(folder, files)
     return str(rel)
 
 
@@ -242,8 +248,7 @@ def find_solutions(root: Path, tasks: list[Task]) -> dict[str, dict[str, str]]:
         for stem in dict.fromkeys((task.id, f"level{task.level}/{name}", name)):
             folder, single = root / stem, root / f"{stem}.py"
             if (folder / "model_new.py").is_file():
-                found[task.id] = {p.name: p.read_text() for p in sorted(folder.iterdir())
-                                  if p.is_file() and not p.name.endswith((".so", ".o", ".pyc"))}
+                found[task.id] = read_solution(folder)
                 break
             if single.is_file():
                 found[task.id] = {"model_new.py": single.read_text()}
@@ -354,8 +359,7 @@ def write_report_of(sweep: Sweep) -> dict[str, Path]:
 
     if not (sweep.out / RESULTS).exists():
         return {}
-    check_identity(sweep.out, sweep.identity())
-    return write_report(sweep.out, sweep.cfg, sweep.tasks, sweep.identity())
+    return write_report(sweep.out, sweep.cfg, sweep.tasks, recorded_identity(sweep.out, sweep.identity()))
 
 
 def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = None) -> Path:
@@ -463,7 +467,7 @@ async def run_episodes(sweep: Sweep, generators: list[Any], todo: list[tuple[Tas
                 continue
             record = episode_record(traj, task, sample, sweep.out)
             if record["failure"] == "infra" and record["solution"] and sweep.cfg.eval.infra_retries > 0:
-                files = {p.name: p.read_text() for p in sorted((sweep.out / record["solution"]).iterdir()) if p.is_file()}
+                files = read_solution(sweep.out / record["solution"])
                 result = await evaluate_retrying(env, task, files, int(sweep.cfg.eval.infra_retries) - 1)
                 record.update(eval_fields(result.to_dict()), rejudged=True)
             finished(record)
@@ -550,7 +554,7 @@ async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict
             env = RayEnvClient(workers)
 
             async def one(r: dict[str, Any]) -> None:
-                files = {p.name: p.read_text() for p in sorted((out / r["solution"]).iterdir()) if p.is_file()}
+                files = read_solution(out / r["solution"])
                 result = await evaluate_retrying(env, task_of[r["task_id"]], files, int(cfg.eval.infra_retries))
                 fields = eval_fields(result.to_dict())
                 writer.write({"solution_hash": r["solution_hash"], "task_id": r["task_id"], "level": r["level"],

@@ -32,6 +32,7 @@ from typing import Any
 from launch.eval import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records, read_jsonl
 from tasks.loader import numbered
 from tasks.rules import rules_named
+from tasks.solution import read_solution
 
 # The CUDA Agent paper's KernelBench results against torch.compile, and what they were measured on.
 PAPER = {"pass": {"overall": 0.988}, "faster_compile": {"overall": 0.968, "level 1": 0.97, "level 2": 1.00, "level 3": 0.90},
@@ -460,8 +461,8 @@ def render_html(summary: dict[str, Any], identity: dict[str, Any], max_autotune_
     for p in summary["problems"]:
         if not p["solution"] or not (out / p["solution"]).is_dir():
             continue
-        files = "".join(f"<p><b>{html.escape(f.name)}</b></p><pre>{html.escape(f.read_text(errors='replace'))}</pre>"
-                        for f in sorted((out / p["solution"]).iterdir()) if f.is_file())
+        files = "".join(f"<p><b>{html.escape(name)}</b></p><pre>{html.escape(text)}</pre>"
+                        for name, text in read_solution(out / p["solution"]).items())
         solutions.append(f"<details><summary>{html.escape(p.get('problem', p['task_id']))}: "
                          f"{MILESTONES[p['best_milestone']]}</summary>{files}</details>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin:8px 0}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tasks.solution import read_solution
+
 CORPUS = Path(__file__).parent / "env_corpus"
 
 
@@ -26,7 +28,7 @@ def files_of(folder: Path) -> dict[str, str]:
 
 
 def _own_files(folder: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and p.name != "case.json"}
+    return {name: text for name, text in read_solution(folder).items() if name != "case.json"}
 
 
 def verdicts(case: dict) -> list:

@@ -162,3 +162,11 @@ def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_b
     old = {k: v for k, v in identity.items() if k != "rules"}  # recorded before env.rules existed: strict
     (tmp_path / SWEEP).write_text(json.dumps(old))
     check_identity(tmp_path, identity)
+    # A report of a folder made before the speed interval describes it as it was made, and is not refused.
+    from launch.eval import recorded_identity
+
+    older = {k: v for k, v in old.items() if k != "confidence"}
+    (tmp_path / SWEEP).write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match="confidence: None there"):
+        check_identity(tmp_path, identity)
+    assert recorded_identity(tmp_path, identity) == {**older, "rules": "strict"}

@@ -1,0 +1,1 @@
+this is not C++: the environment must build with its own binding.cpp

@@ -1,0 +1,1 @@
+#error "the environment must supply binding_registry.h"
