@@ -215,7 +215,8 @@ def _probe(out: torch.Tensor) -> torch.Tensor:
     """The output's values at PROBES evenly spread positions (all of them for a small output), kept on the host."""
     flat = out.reshape(-1)
     if flat.numel() > PROBES:
-        flat = flat[torch.linspace(0, flat.numel() - 1, PROBES, device=flat.device).long()]
+        # Integer positions: float32 linspace rounds the last one past the end for outputs above 2**24 elements.
+        flat = flat[torch.arange(PROBES, device=flat.device) * (flat.numel() - 1) // (PROBES - 1)]
     return flat.detach().to("cpu", copy=True)
 
 

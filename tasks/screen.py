@@ -25,7 +25,7 @@ from tasks.discriminate import plan
 from tasks.task import Task, build_problem
 
 # The filters, by the name a rejection is counted under (synthesis's report.json, the manifest's rows).
-FILTERS = ("eager", "finite", "trivial", "distinct", "deterministic", "input_dependent", "float64", "window", "compile")
+FILTERS = ("standalone", "eager", "finite", "trivial", "distinct", "deterministic", "input_dependent", "float64", "window", "compile")
 
 
 @dataclass
