@@ -30,6 +30,9 @@ from tasks.synth.llm_compose import candidate_from, request
 from tasks.synth.pipeline import SynthRun, task_of
 
 
+REPORT_EVERY = 25  # screened candidates between two writes of report.json during a run
+
+
 def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try_compile: bool, target_ms: float,
             demands: Demands) -> tuple[Candidate, ScreenResult]:
     """In a worker: the candidate sized to the window's target, then every dynamic filter (one thread, as a cpp server runs)."""
@@ -122,6 +125,8 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                     continue
                 ref, (candidate, screened) = screener.next_done(list(pending))
                 run.record(run.finish(pending.pop(ref), candidate, screened))
+                if len(run.rows) % REPORT_EVERY == 0:  # a run killed outright (SIGKILL, a lost node) still leaves a recent report
+                    report(finished=False)
                 bar.update(task, completed=run.accepted_count,
                            description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
     except BaseException:  # Ctrl-C, `jobs stop` (SIGINT) or an error: the report of what was done, then out

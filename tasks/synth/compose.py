@@ -11,6 +11,7 @@ run skips the seeds its manifest already holds.
 """
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -24,7 +25,7 @@ from tasks.synth.catalogue import Op, fill, run_op
 # chain's work is dominated by its operators, not the launch overhead.
 SAMPLE_SHAPES = {"flat": [(1024,), (2048,), (4096,)], "seq": [(64, 256), (128, 512)], "image": [(16, 32, 32), (32, 64, 64)]}
 MAX_ELEMENTS = 1 << 26  # no tensor of a chain may exceed this many elements at the sized batch (256 MB of float32)
-SIZE_ROUNDS = 3  # measurements at the chosen batch, each rescaling it toward the target
+SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
 SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
 CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
 
@@ -189,26 +190,38 @@ if __name__ == "__main__":  # `python task.py`: the program runs on its own
 
 def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float, device: str) -> tuple[int, float]:
     """(the batch whose eager forward takes about ``target`` ms, the time measured at it)."""
+    tried: dict[int, float] = {}  # batch -> its measured ms
     batch = 1
-    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled linearly
+    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled
         x = torch.randn(batch, *sample, device=device)
         ms, y = _eager_ms(model, x)
+        tried[batch] = ms
         if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS:
             break
         batch *= 2
     cap = max(1, int(MAX_ELEMENTS // max(max(x.numel(), y.numel()) / batch, 1)))
-    # A linear guess from a small batch misses (caches, a busy neighbour during one measurement: tasks
-    # sized for 10 ms ran in 1.0-1.4 ms and their window test was noise, issue 36): measured at the
-    # guess and rescaled until within SIZE_SLACK of the target, or at a limit.
+    # Time is not linear in the batch: a small batch runs from the caches, a large one pays DRAM and
+    # page faults (relu then softsign took 30x longer per sample at 51M elements than at 1M), so a
+    # linear guess from a small batch missed by 10-30x (issue 36: tasks sized for 10 ms ran in 1 ms).
+    # Each guess is measured; one that leaves the bracket of batches known too fast and too slow is
+    # replaced by the bracket's geometric middle; the batch measured closest to the target is kept.
     for _ in range(SIZE_ROUNDS):
-        guess = max(1, min(cap, int(batch * target / max(ms, 1e-3))))
-        if guess == batch:
+        if target / SIZE_SLACK <= ms <= target * SIZE_SLACK:
+            break
+        fast = [b for b, t in tried.items() if t < target]
+        slow = [b for b, t in tried.items() if t > target]
+        low, high = max(fast, default=0), min(slow, default=cap + 1)
+        guess = int(batch * target / max(ms, 1e-3))
+        if not low < guess < high:
+            guess = int((max(low, 1) * min(high, cap)) ** 0.5)
+        guess = max(1, min(cap, guess))
+        if guess in tried:
             break
         batch = guess
         ms, _ = _eager_ms(model, torch.randn(batch, *sample, device=device))
-        if target / SIZE_SLACK <= ms <= target * SIZE_SLACK:
-            break
-    return batch, ms
+        tried[batch] = ms
+    best = min(tried, key=lambda b: abs(math.log(max(tried[b], 1e-6) / target)))
+    return best, tried[best]
 
 
 def _eager_ms(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
