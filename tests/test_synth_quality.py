@@ -100,6 +100,7 @@ def test_the_trace_is_the_computation_not_its_spelling():
     assert trace("F.relu(self.lin(x.view(4, 8).contiguous()))") == ["linear", "relu"]  # views and copies are no computation
     assert trace("x.sum(dim=-1)") == ["sum"] and trace("x.sum()") == ["sum:all"]  # the key argument: reduced over what
     assert trace("torch.bmm(x[None], x.t()[None])") == ["matmul"]
+    assert trace("torch.max(x, torch.tanh(x))") == ["tanh", "maximum"] and trace("x.max(dim=1).values") == ["max"]
 
 
 @needs_kernelbench

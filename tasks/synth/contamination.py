@@ -8,8 +8,8 @@ share an operator or two in a longer chain (a five-operator chain that applies `
 others scores 0.2 against ``22_Tanh``). A candidate at or above ``synth.contamination_score``
 against some problem is rejected; the nearest problem and its score are kept for every task.
 
-KernelBench's traces are cached in a JSON file keyed by each problem's text and the torch
-version (tracing level 3 on the meta device takes minutes: its RNNs run step by step there).
+KernelBench's traces are cached in a JSON file keyed by each problem's text, the torch version
+and the tracer's (TRACE_VERSION) (tracing level 3 on the meta device takes minutes: its RNNs run step by step there).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.synth.trace import trace_problem
+from tasks.synth.trace import TRACE_VERSION, trace_problem
 
 LEVELS = ("level1", "level2", "level3")
 
@@ -98,7 +98,7 @@ def kernelbench_traces(root: Path, cache: Path | None = None) -> KernelBenchTrac
     for level in LEVELS:
         for path in sorted((root / level).glob("*.py")) if (root / level).is_dir() else []:
             name, text = f"{level}/{path.stem}", path.read_text()
-            key = hashlib.sha256(f"{torch.__version__}\n{text}".encode()).hexdigest()
+            key = hashlib.sha256(f"{torch.__version__}\n{TRACE_VERSION}\n{text}".encode()).hexdigest()
             entry = stored.get(name)
             if entry is None or entry.get("key") != key:
                 try:
