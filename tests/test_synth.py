@@ -169,7 +169,8 @@ def test_cuda_agent_synth_builds_a_task_folder_that_train_and_eval_read(tmp_path
     from launch.synth import run_synth
 
     cfg = load_config([], [f"synth.out_dir={tmp_path}", "synth.tasks=3", "synth.workers=1", "synth.try_compile=false",
-                           "synth.window_ms_cpp=[0.2,200.0]", f"synth.kernelbench_dir={tmp_path / 'no_kernelbench'}"])
+                           "synth.window_ms_cpp=[0.2,200.0]", f"synth.kernelbench_dir={tmp_path / 'no_kernelbench'}",
+                           "synth.input_sets=2"])  # the folder is what is tested here; the filters are tested above
     report = run_synth(cfg, progress=False)
     assert report["stages"]["accepted"] == 3
     assert sum(report["stages"].values()) == report["candidates"] == len((tmp_path / "manifest.jsonl").read_text().splitlines())
