@@ -288,8 +288,13 @@ class SynthConfig:
     window_ms_cuda: list[float] = field(default_factory=lambda: [1.0, 100.0])  # launch/synth.py: eager runtime window on the cuda preset, ms (the paper's 1-100 ms; tasks/synth/filters.py)
     try_compile: bool = True  # launch/synth.py: the task must also run under torch.compile and agree with eager (the paper's filter; tasks/synth/filters.py)
     duplicate_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to an accepted task is a near-duplicate (tasks/synth/similarity.py)
-    contamination_similarity: float = 0.9  # launch/synth.py: a candidate this AST-similar to a KernelBench problem is dropped (the paper's cutoff)
+    contamination_score: float = 0.75  # launch/synth.py: a candidate whose traced operators score this high against a KernelBench problem's (longest common subsequence over the longer trace: 1.0 the same chain, 0.75 a three-operator problem inside a four-operator chain, 0.2 one operator of a five-operator chain) is dropped (tasks/synth/contamination.py)
     kernelbench_dir: str = "../shared/kernelbench"  # launch/synth.py: KernelBench levels 1-3, read in place for the contamination screen; absent: the screen is skipped, and report.json says so
+    trace_cache: str = "~/.cache/cuda-agent/kernelbench_traces.json"  # launch/synth.py: KernelBench's operator traces, kept by each problem's text and the torch version (tracing level 3 takes minutes); "": traced every run
+    input_sets: int = 5  # launch/synth.py: fresh sets of a candidate's own inputs its outputs are checked on: finite, told from zeros, a constant and its inputs beyond tolerance, stable (tasks/synth/filters.py; the verifier's env.correctness_inputs)
+    min_distinct: float = 0.05  # launch/synth.py: the lowest share of distinct values an output may take on a set (a chain ending in sign() takes two); 0: not checked
+    stable: bool = True  # launch/synth.py: the reference must agree within its tolerance with its float64 twin (and with torch.compile, when tried) on every set, so a correct kernel cannot fail it (tasks/screen.py)
+    target_ms: float = 0.0  # launch/synth.py: the eager time each candidate's batch is sized for (tasks/synth/compose.py sized); 0: the window's geometric middle (10 ms of 1-100)
     workers: int = 2  # launch/synth.py: Ray workers that run the dynamic filters (one CPU each; on the cuda backend one GPU share each); 0: in this process, without Ray
 
 

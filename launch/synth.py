@@ -2,12 +2,15 @@
 
 The driver crawls the operators (catalogue.json), composes candidates seed by seed (the
 deterministic composer, or a policy given as ``synth.policy``), drops
-those that fail the static checks, copy an accepted task or resemble a KernelBench problem,
-and hands the rest to ``synth.workers`` Ray workers (0: this process) that run the dynamic filters (eager,
-torch.compile, numerics, the runtime window). Accepted tasks land in ``OUT/tasks/synth/``, a
-folder ``cuda-agent train`` and ``cuda-agent eval`` read unchanged. Every candidate's fate is a
-row of ``OUT/manifest.jsonl``; ``OUT/report.json`` counts each stage, also when the run is
-stopped (Ctrl-C, or ``cuda-agent jobs stop``: ``finished`` is then false). A rerun continues.
+those that fail the static checks, copy an accepted task or whose traced computation equals or
+contains a KernelBench problem's, and hands the rest to ``synth.workers`` Ray workers (0: this
+process) that size each to the runtime window's centre and run the dynamic filters (standalone,
+eager, torch.compile, discrimination, distinct values, float64 stability, the runtime window).
+Accepted tasks land in ``OUT/tasks/synth/``, a folder ``cuda-agent train`` and ``cuda-agent eval``
+read unchanged. Every candidate's fate is a row of ``OUT/manifest.jsonl``; ``OUT/report.json``
+(and ``report.html``) count each stage and filter with an example, and describe the accepted set,
+also when the run is stopped (Ctrl-C, or ``cuda-agent jobs stop``: ``finished`` is then false).
+A rerun continues.
 """
 from __future__ import annotations
 
@@ -18,25 +21,31 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from tasks.screen import ScreenResult
 from tasks.synth.catalogue import crawl, write_catalogue
 from tasks.synth.compose import Candidate, compose, sized
-from tasks.synth.filters import dynamic_problem
+from tasks.synth.contamination import kernelbench_traces
+from tasks.synth.filters import Demands, dynamic_problem
 from tasks.synth.llm_compose import candidate_from, request
 from tasks.synth.pipeline import SynthRun, task_of
-from tasks.synth.similarity import kernelbench_index
 
 
-def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try_compile: bool) -> tuple[Candidate, str, float | None]:
-    """In a worker: the candidate sized to the window, then every dynamic filter (one thread, as a cpp server runs)."""
+REPORT_EVERY = 25  # screened candidates between two writes of report.json during a run
+
+
+def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try_compile: bool, target_ms: float,
+            demands: Demands) -> tuple[Candidate, ScreenResult]:
+    """In a worker: the candidate sized to the window's target, then every dynamic filter (one thread, as a cpp server runs)."""
     import torch
 
     torch.set_num_threads(1)
     try:
-        candidate = sized(candidate, window, backend)
-        problem, eager_ms = dynamic_problem(task_of(candidate), backend, window, try_compile)
-        return candidate, problem, eager_ms
+        candidate = sized(candidate, window, backend, target_ms)
+        return candidate, dynamic_problem(task_of(candidate), backend, window, try_compile, demands)
     except Exception as err:  # a program that breaks the filter itself is rejected, never the run
-        return candidate, f"the screen failed: {type(err).__name__}: {err}", None
+        broken = ScreenResult(candidate.id, backend)
+        broken.problems.append(f"the screen failed: {type(err).__name__}: {str(err)[:300]}")
+        return candidate, broken
 
 
 def check_settings(s) -> None:
@@ -50,9 +59,13 @@ def check_settings(s) -> None:
     for name, low in (("tasks", 1), ("max_candidates", 1), ("max_ops", 1), ("workers", 0), ("llm_concurrency", 1)):
         if int(getattr(s, name)) < low:
             raise ConfigError(f"synth.{name}={getattr(s, name)}: must be at least {low}")
-    for name in ("duplicate_similarity", "contamination_similarity"):
+    for name, example in (("duplicate_similarity", 0.9), ("contamination_score", 0.75)):
         if not 0 < float(getattr(s, name)) <= 1:
-            raise ConfigError(f"synth.{name}={getattr(s, name)}: a Jaccard similarity in (0, 1], e.g. 0.9")
+            raise ConfigError(f"synth.{name}={getattr(s, name)}: a similarity in (0, 1], e.g. {example}")
+    if not 0 <= float(s.min_distinct) < 1:
+        raise ConfigError(f"synth.min_distinct={s.min_distinct}: a share in [0, 1), e.g. 0.05")
+    if int(s.input_sets) < 2:
+        raise ConfigError(f"synth.input_sets={s.input_sets}: at least 2 (the environment's env.correctness_inputs is 5)")
 
 
 def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dict:
@@ -67,11 +80,13 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     ops, excluded = crawl()
     write_catalogue(out / "catalogue.json", ops, excluded)
     kb_root = Path(s.kernelbench_dir).expanduser().absolute()  # the report names where it looked
-    kernelbench = kernelbench_index(kb_root, float(s.contamination_similarity))
+    with console.status(f"tracing KernelBench's problems in {kb_root} (cached in {s.trace_cache})"):
+        kernelbench = kernelbench_traces(kb_root, Path(s.trace_cache).expanduser() if s.trace_cache else None)
     if not len(kernelbench):
         console.print(f"[yellow]KernelBench not found at {kb_root}: the contamination screen is skipped "
                       "(set synth.kernelbench_dir)[/yellow]")
-    run = SynthRun(out, float(s.duplicate_similarity), kernelbench)
+    run = SynthRun(out, float(s.duplicate_similarity), kernelbench, float(s.contamination_score))
+    demands = Demands(int(s.input_sets), bool(s.stable), float(s.min_distinct))
     console.print(f"{len(ops)} operators ({len(excluded)} excluded: {out / 'catalogue.json'}); "
                   f"{run.accepted_count} task(s) already accepted in {out}")
     screener = _Screener(cfg, out, backend)
@@ -85,6 +100,10 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                            "minutes": round((time.perf_counter() - began) / 60, 2),
                            "operators": len(ops), "operators_excluded": len(excluded),
                            "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
+                       "kernelbench_traced": len(kernelbench), "kernelbench_untraced": kernelbench.untraced,
+                       "contamination_score": float(s.contamination_score), "input_sets": int(s.input_sets),
+                       "min_distinct": float(s.min_distinct), "stable": bool(s.stable), "try_compile": bool(s.try_compile),
+                       "target_ms": float(s.target_ms) or round((window[0] * window[1]) ** 0.5, 3),
                            "task_folder": str(run.task_dir)})
 
     try:
@@ -100,12 +119,14 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                     if dropped:
                         run.record(dropped)
                     else:
-                        pending[screener.submit(candidate, window, bool(s.try_compile))] = seed
+                        pending[screener.submit(candidate, window, bool(s.try_compile), float(s.target_ms), demands)] = seed
                     seed += 1
                 if not pending:
                     continue
-                ref, (candidate, problem, eager_ms) = screener.next_done(list(pending))
-                run.record(run.finish(pending.pop(ref), candidate, problem, eager_ms))
+                ref, (candidate, screened) = screener.next_done(list(pending))
+                run.record(run.finish(pending.pop(ref), candidate, screened))
+                if len(run.rows) % REPORT_EVERY == 0:  # a run killed outright (SIGKILL, a lost node) still leaves a recent report
+                    report(finished=False)
                 bar.update(task, completed=run.accepted_count,
                            description=f"accepted ({len(run.rows)} candidates, {_rate(run.accepted_count - before, began)})")
     except BaseException:  # Ctrl-C, `jobs stop` (SIGINT) or an error: the report of what was done, then out
@@ -192,12 +213,12 @@ class _Screener:
         start_cluster(cluster, ray_init_options(cfg.logging, out))
         self.remote = ray.remote(num_cpus=1, num_gpus=1.0 / workers if backend == "cuda" else 0)(_screen)
 
-    def submit(self, candidate: Candidate, window: tuple[float, float], try_compile: bool):
+    def submit(self, candidate: Candidate, window: tuple[float, float], try_compile: bool, target_ms: float, demands: Demands):
         if self.local:
             key = len(self.results)
-            self.results[key] = _screen(candidate, self.backend, window, try_compile)
+            self.results[key] = _screen(candidate, self.backend, window, try_compile, target_ms, demands)
             return key
-        return self.remote.remote(candidate, self.backend, window, try_compile)
+        return self.remote.remote(candidate, self.backend, window, try_compile, target_ms, demands)
 
     def next_done(self, pending: list):
         if self.local:

@@ -95,6 +95,8 @@ class _OutputState:
     inputs_fail: dict[int, bool] = field(default_factory=dict)  # same-shaped input index -> some set tells it apart
     first: torch.Tensor | None = None  # the first set's values at PROBES positions
     moves: bool = False  # some later set differs there beyond the tolerance: no fixed answer passes
+    nonfinite_sets: int = 0  # sets on which the output holds a NaN or an infinity
+    distinct: float = 1.0  # the lowest share of distinct values among its PROBES positions, over the sets
 
 
 @dataclass
@@ -105,6 +107,8 @@ class Discrimination:
     guards: list[str] = field(default_factory=list)  # sets checked besides (SPARSE_SIGN where a sign change was needed)
     trivial: list[str] = field(default_factory=list)  # what still passes every set: "output 0 = zeros", ...
     skipped: list[str] = field(default_factory=list)  # transforms whose reference was not finite, with why
+    nonfinite: list[str] = field(default_factory=list)  # outputs with a NaN or Inf on some of the task's own sets
+    distinct: list[float] = field(default_factory=list)  # per output, the lowest share of distinct probed values over the sets
 
     @property
     def ok(self) -> bool:
@@ -121,16 +125,23 @@ class Tracker:
     def __init__(self, tolerances: Callable[[torch.dtype], tuple[float, float]]):
         self.tolerances = tolerances
         self.outputs: list[_OutputState] | None = None
+        self.sets = 0
 
     def add(self, inputs: list[Any], outputs: list[torch.Tensor]) -> None:
         if self.outputs is None:
             self.outputs = [_OutputState() for _ in outputs]
+        self.sets += 1
         for state, out in zip(self.outputs, outputs):
             atol, rtol = self.tolerances(out.dtype)
             low, high, zeros_miss = _bounds(out, atol, rtol)
             state.low, state.high = max(state.low, low), min(state.high, high)
             state.zeros_fail |= zeros_miss
             probe = _probe(out)
+            if out.is_floating_point() and not _finite(out):
+                state.nonfinite_sets += 1
+            # A few values taken again and again (a sign, a clamp's bounds) leave a kernel little to compute:
+            # a chain ending in sign() took only +-1, 98.6% of them the sign of one bias (issue 36).
+            state.distinct = min(state.distinct, torch.unique(probe).numel() / max(1, probe.numel()))
             if state.first is None:
                 state.first = probe
             elif not state.moves:
@@ -139,11 +150,23 @@ class Tracker:
                 if isinstance(value, torch.Tensor) and value.shape == out.shape and value.dtype == out.dtype:
                     state.inputs_fail[j] = state.inputs_fail.get(j, False) or not _close(value, out, atol, rtol)
 
+    def nonfinite(self) -> list[str]:
+        """Outputs that were not finite on some set, with on how many."""
+        return [f"{self._where(k)} has NaN or Inf on {state.nonfinite_sets} of {self.sets} input sets"
+                for k, state in enumerate(self.outputs or []) if state.nonfinite_sets]
+
+    def distinct_shares(self) -> list[float]:
+        """Per output, the lowest share of distinct values over the sets (1.0: every probed value differs)."""
+        return [state.distinct for state in self.outputs or []]
+
+    def _where(self, k: int) -> str:
+        return f"output {k}" if len(self.outputs or []) > 1 else "the output"
+
     def trivial(self) -> list[str]:
         """The trivial kernels that pass every set so far, by name."""
         found = []
         for k, state in enumerate(self.outputs or []):
-            where = f"output {k}" if len(self.outputs) > 1 else "the output"
+            where = self._where(k)
             if not state.zeros_fail:
                 found.append(f"{where} = zeros (within tolerance of zero)")
             if state.low <= state.high:
@@ -181,6 +204,7 @@ def plan(run: Callable[[list[Any]], list[torch.Tensor]], make: Callable[[], list
         tracker.add(inputs, outputs)
         result.needed.append(name)
     result.trivial = tracker.trivial()
+    result.nonfinite, result.distinct = tracker.nonfinite(), tracker.distinct_shares()
     if {"shift", "sign_flip"} & set(result.needed) and all(
             bool(torch.isfinite(o).all()) for o in run(transform_inputs(SPARSE_SIGN, make(), seed + 7)) if o.is_floating_point()):
         result.guards.append(SPARSE_SIGN)
@@ -191,8 +215,13 @@ def _probe(out: torch.Tensor) -> torch.Tensor:
     """The output's values at PROBES evenly spread positions (all of them for a small output), kept on the host."""
     flat = out.reshape(-1)
     if flat.numel() > PROBES:
-        flat = flat[torch.linspace(0, flat.numel() - 1, PROBES, device=flat.device).long()]
+        # Integer positions: float32 linspace rounds the last one past the end for outputs above 2**24 elements.
+        flat = flat[torch.arange(PROBES, device=flat.device) * (flat.numel() - 1) // (PROBES - 1)]
     return flat.detach().to("cpu", copy=True)
+
+
+def _finite(out: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(part).all()) for part in _pieces(out))
 
 
 def _pieces(t: torch.Tensor) -> list[torch.Tensor]:

@@ -5,9 +5,16 @@ produces finite outputs that change when the inputs change and that no trivial k
 a constant, an input returned unchanged) matches within tolerance on the verification sets
 (tasks/discriminate.py, the harness's own rule), and has an eager runtime inside a practical
 window: too fast and timing noise dominates, too slow and episodes starve.
+
+Synthesis asks more of a task it is about to make (``stable``, ``min_distinct``, several
+``input_sets``): outputs finite on every set, not mostly a handful of repeated values, and a
+reference that agrees with itself in float64 and under torch.compile on every set, so that a
+correct kernel, which sums in its own order, cannot fail it.
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -17,6 +24,9 @@ import torch
 from tasks.discriminate import plan
 from tasks.task import Task, build_problem
 
+# The filters, by the name a rejection is counted under (synthesis's report.json, the manifest's rows).
+FILTERS = ("standalone", "eager", "finite", "trivial", "distinct", "deterministic", "input_dependent", "float64", "window", "compile")
+
 
 @dataclass
 class ScreenResult:
@@ -25,11 +35,17 @@ class ScreenResult:
     eager_ms: float | None = None  # median eager forward time
     compile_ok: bool | None = None  # None when torch.compile was not tried
     verification_sets: list[str] = field(default_factory=list)  # transformed sets the harness adds (tasks/discriminate.py)
+    distinct: list[float] = field(default_factory=list)  # per output, the lowest share of distinct values over the sets
     problems: list[str] = field(default_factory=list)  # empty when the task is usable
+    filters: list[str] = field(default_factory=list)  # the filter (FILTERS) behind each problem, in the same order
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def fail(self, name: str, why: str) -> None:
+        self.filters.append(name)
+        self.problems.append(why)
 
 
 def _outputs(model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
@@ -60,12 +76,20 @@ def screen_task(
     try_compile: bool = False,
     transforms: bool = True,
     timed: bool = True,
+    input_sets: int = 2,
+    stable: bool = False,
+    min_distinct: float = 0.0,
 ) -> ScreenResult:
     """Run the reference and report every way it falls short of a usable benchmark.
 
     ``transforms``: the harness's transformed sets may make the task discriminating (an existing
     task set, KernelBench's included); False: its own inputs must (a synthesized task).
-    ``timed=False`` skips the runtime window (and torch.compile): the outputs' checks only."""
+    ``timed=False`` skips the runtime window (and torch.compile): the outputs' checks only.
+    ``input_sets``: fresh sets of the task's own inputs every output check runs on (the verifier's
+    env.correctness_inputs for synthesis). ``stable``: the reference must agree with itself in
+    float64 on each set (and under torch.compile, when tried, on each set too). ``min_distinct``:
+    the lowest share of distinct values an output may take on a set.
+    """
     result = ScreenResult(task.id, backend)
     device = "cuda" if backend == "cuda" else "cpu"
     try:
@@ -73,47 +97,109 @@ def screen_task(
         torch.manual_seed(0)
         with torch.device(device):  # weights made where they run (KernelBench's level 3 holds GiBs of them)
             model = problem.model_cls(*problem.get_init_inputs()).to(device).eval()
-        inputs_a = [_to(v, device) for v in problem.get_inputs()]
-        inputs_b = [_to(v, device) for v in problem.get_inputs()]
+        make = _seeded_sets(problem, device)
+        inputs_a = make(0)
         out_a = _outputs(model, inputs_a)
     except Exception as err:
-        result.problems.append(f"eager run failed: {type(err).__name__}: {err}")
+        result.fail("eager", f"eager run failed: {type(err).__name__}: {err}")
         return result
-    if not all(torch.isfinite(o).all() for o in out_a if o.is_floating_point()):
-        result.problems.append("output has NaN or Inf")
-    sets = plan(lambda inputs: _outputs(model, inputs), lambda: [_to(v, device) for v in problem.get_inputs()],
-                lambda dtype: task.tolerances(str(dtype).removeprefix("torch.")), transforms=transforms)
-    result.verification_sets = sets.needed
+    tolerances = lambda dtype: task.tolerances(str(dtype).removeprefix("torch."))  # noqa: E731
+    unstable: list[str] = []
+    wide = _float64(model) if stable else None
+    made = itertools.count()  # the own sets are 0, 1, ...; the transforms' fresh sets follow
+
+    def run(inputs: list) -> list[torch.Tensor]:
+        """The reference on one set; with ``stable``, its float64 twin beside it on the same set."""
+        outputs = _outputs(model, inputs)
+        if wide is not None and not unstable:
+            unstable.extend(_disagreement(wide, [_wide(v) for v in inputs], outputs, tolerances, "in float64"))
+        return outputs
+
+    sets = plan(run, lambda: make(next(made)), tolerances, own_sets=input_sets, transforms=transforms)
+    result.verification_sets, result.distinct = sets.needed, sets.distinct
+    if sets.nonfinite or not all(bool(torch.isfinite(o).all()) for o in out_a if o.is_floating_point()):
+        result.fail("finite", "output has NaN or Inf" + (f": {'; '.join(sets.nonfinite)}" if sets.nonfinite else ""))
     if not sets.ok:
         where = "on any set the environment makes" if transforms else "on its own inputs"
-        result.problems.append(f"a trivial kernel passes {where}: " + "; ".join(sets.trivial))
+        result.fail("trivial", f"a trivial kernel passes {where}: " + "; ".join(sets.trivial))
+    few = [(k, share) for k, share in enumerate(sets.distinct) if share < min_distinct]
+    if few:
+        result.fail("distinct", "too few distinct values: " + "; ".join(
+            f"{'output ' + str(k) if len(sets.distinct) > 1 else 'the output'} takes {share:.2%} distinct values "
+            f"(at least {min_distinct:.0%} asked)" for k, share in few))
     if not all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_a))):
-        result.problems.append("not deterministic: the same inputs gave different outputs")
-    if all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_b))):
-        result.problems.append("output does not depend on the inputs")
+        result.fail("deterministic", "not deterministic: the same inputs gave different outputs")
+    if all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, make(1)))):
+        result.fail("input_dependent", "output does not depend on the inputs")
+    if unstable:
+        result.fail("float64", "unstable: " + unstable[0])
     if not timed:
         return result
     result.eager_ms = _time_ms(lambda: _outputs(model, inputs_a), repetitions, device)
     low, high = window_ms
     if not low <= result.eager_ms <= high:
-        result.problems.append(f"eager time {result.eager_ms:.2f} ms is outside [{low}, {high}] ms")
+        result.fail("window", f"eager time {result.eager_ms:.2f} ms is outside [{low}, {high}] ms")
     if try_compile and not result.problems:  # the slow check last, and only for a task that passed the rest
-        result.compile_ok = _compiles(model, inputs_a, out_a, task)
-        if not result.compile_ok:
-            result.problems.append("torch.compile fails or disagrees with eager")
+        why = _compiles(model, [make(k) for k in range(input_sets)] if stable else [inputs_a], tolerances)
+        result.compile_ok = not why
+        if why:
+            result.fail("compile", f"torch.compile fails or disagrees with eager: {why}")
     return result
 
 
-def _compiles(model: torch.nn.Module, inputs: list, expected: list[torch.Tensor], task: Task) -> bool:
+def _seeded_sets(problem, device: str):
+    """Input set k of the task's own, the same every time it is asked for (the compile check reruns the sets)."""
+    def make(k: int) -> list:
+        torch.manual_seed(1_000_003 * (k + 1))
+        return [_to(v, device) for v in problem.get_inputs()]
+    return make
+
+
+def _float64(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's twin in float64: the same weights, widened."""
+    return copy.deepcopy(model).double()
+
+
+def _wide(value):
+    return value.double() if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
+
+
+def _disagreement(model: torch.nn.Module, inputs: list, expected: list[torch.Tensor], tolerances, how: str) -> list[str]:
+    """Where ``model`` on ``inputs`` leaves the reference's tolerance of ``expected``: a line, or none.
+
+    A task whose float32 reference moves beyond its own tolerance when computed in float64 (a trunc
+    before a LayerNorm: one flipped value moves a whole row) fails a correct kernel that sums in
+    another order; the verifier cannot tell it from a wrong one."""
     try:
-        got = _outputs(torch.compile(model), inputs)
-    except Exception:
-        return False
-    for g, e in zip(got, expected):
-        atol, rtol = task.tolerances(str(e.dtype).removeprefix("torch."))
-        if not torch.allclose(g, e, atol=atol, rtol=rtol):
-            return False
-    return True
+        got = _outputs(model, inputs)
+    except Exception as err:
+        return [f"the reference {how} failed: {type(err).__name__}: {err}"]
+    for k, (g, e) in enumerate(zip(got, expected)):
+        if not e.is_floating_point():
+            if not torch.equal(g.to(e.dtype), e):
+                return [f"output {k} {how} differs"]
+            continue
+        atol, rtol = tolerances(e.dtype)
+        g = g.to(e.dtype)
+        close = torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=True)
+        if not bool(close.all()):
+            off = int((~close).sum())
+            return [f"{how}, {off:,} of {e.numel():,} values of output {k} differ from the float32 reference beyond "
+                    f"its tolerance (atol {atol:g}, rtol {rtol:g})"]
+    return []
+
+
+def _compiles(model: torch.nn.Module, sets: list[list], tolerances) -> str:
+    """Why torch.compile's model fails or disagrees with eager on one of ``sets``; empty when it agrees on all."""
+    try:
+        compiled = torch.compile(model)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"[:300]
+    for k, inputs in enumerate(sets):
+        why = _disagreement(compiled, inputs, _outputs(model, inputs), tolerances, "under torch.compile")
+        if why:
+            return f"on set {k}: {why[0]}"[:300]
+    return ""
 
 
 def _to(value, device: str):

@@ -35,6 +35,15 @@ NOT_OPERATORS = ("loss", "container", "sequential", "modulelist", "moduledict", 
                  "embedding", "upsample", "pixel", "fold", "channelshuffle", "zeropad", "constantpad", "reflectionpad",
                  "replicationpad", "circularpad", "multiheadattention", "bilinear")
 MODE_DEPENDENT = ("batchnorm", "batch_norm")  # running statistics: the output depends on train or eval mode
+# Jumps in the output where the input crosses a threshold (an integer, zero, a shrink's lambda). On a
+# computed value one flip moves the result by a whole step: a trunc before a LayerNorm put 2,308 of
+# 1.38M values outside tolerance in float64 (issue 36), so a correct kernel that sums in another
+# order fails. Composed only as a chain's first operator, on the program's input, whose values a
+# kernel and the float64 check see exactly as the reference does.
+DISCONTINUOUS = ("sign", "frac", "round", "floor", "ceil", "trunc", "hardshrink", "threshold", "heaviside")
+# A pole: 1/x of a computed value near zero is huge or infinite (tanh then reciprocal gave inf on 2
+# of 5 input sets, issue 36), and a heavy tail no tolerance tames. Not composed.
+SINGULAR = ("reciprocal",)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class Op:
     params: dict[str, list] = field(default_factory=dict)  # sampled hyperparameters: name -> choices
     prelude: str = ""  # source the program needs besides torch (a transformers class, copied)
     weight: float = 1.0  # relative draw probability in the composer
+    first_only: bool = False  # discontinuous (DISCONTINUOUS): composed only on the program's input
+    imports: str = ""  # import lines the prelude needs ("from torch import Tensor"), written at the program's top
 
 
 def _r(name, origin, layouts, call, init="", **params) -> Op:
@@ -145,6 +156,8 @@ def _probe(origin: str, name: str, obj) -> tuple[Op | None, str]:
         return None, "in place: it would change the program's input (the environment rejects input mutation)"
     if any(word in lowered for word in MODE_DEPENDENT):
         return None, "its output depends on train or eval mode (running statistics)"
+    if lowered.split(".")[-1] in SINGULAR:
+        return None, "a pole at zero: on computed values its output is infinite or heavy-tailed beyond any tolerance"
     if name in RECIPES:
         return _checked(RECIPES[name])
     if any(word in lowered.split(".")[-1] for word in NOT_OPERATORS):
@@ -172,13 +185,27 @@ def _transformers_op(name: str, cls) -> tuple[Op | None, str]:
         return None, f"its source cannot be copied into a program ({err})"
     tree.body[0].decorator_list = []
     source = ast.unparse(tree)
+    imports = _imports_for(source, cls)
     short = name.split(".", 1)[1]
     sized = [p for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
              if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
     if sized:  # a norm: its one size is the last dimension's
-        return _checked(Op(name, "transformers", ("flat", "seq"), "self.{attr}(x)", f"{short}({{F}})", prelude=source),
-                        elementwise=True)
-    return _checked(Op(name, "transformers", ALL, "self.{attr}(x)", f"{short}()", prelude=source), elementwise=True)
+        return _checked(Op(name, "transformers", ("flat", "seq"), "self.{attr}(x)", f"{short}({{F}})", prelude=source,
+                           imports=imports), elementwise=True)
+    return _checked(Op(name, "transformers", ALL, "self.{attr}(x)", f"{short}()", prelude=source, imports=imports),
+                    elementwise=True)
+
+
+def _imports_for(source: str, cls) -> str:
+    """Import lines for the names the copied class takes from torch through its module (``Tensor`` in an annotation).
+
+    A generated file must run on its own (``python task.py``): the annotation ``input: Tensor`` is
+    evaluated when the class is defined, and transformers imports ``Tensor`` where we copied nothing."""
+    module = importlib.import_module(cls.__module__)
+    used = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    names = sorted(n for n in used if n not in PROGRAM_SCOPE and getattr(torch, n, None) is not None
+                   and getattr(module, n, None) is getattr(torch, n))
+    return "".join(f"from torch import {n}\n" for n in names)
 
 
 def _checked(op: Op, elementwise: bool = False) -> tuple[Op | None, str]:
@@ -207,7 +234,8 @@ def _checked(op: Op, elementwise: bool = False) -> tuple[Op | None, str]:
         kept.append(layout)
     if not kept:
         return None, why
-    return Op(op.name, op.origin, tuple(kept), op.call, op.init, op.params, op.prelude, op.weight), ""
+    first_only = op.name.lower().split(".")[-1] in DISCONTINUOUS
+    return Op(op.name, op.origin, tuple(kept), op.call, op.init, op.params, op.prelude, op.weight, first_only, op.imports), ""
 
 
 def fill(template: str, x_shape: tuple[int, ...], params: dict) -> str:
@@ -215,17 +243,37 @@ def fill(template: str, x_shape: tuple[int, ...], params: dict) -> str:
     return template.format(**sizes, **params, attr="{attr}")
 
 
+PROGRAM_SCOPE = ("torch", "nn", "F", "math")  # what every generated program imports
+
+
 def run_op(op: Op, x: torch.Tensor, params: dict, seed: int = 0) -> torch.Tensor:
     """The op applied to ``x`` as the generated program would apply it (its module built from ``seed``)."""
     scope = {"torch": torch, "nn": nn, "F": F, "math": __import__("math")}
-    if op.prelude:
-        exec(op.prelude, scope)
+    if op.prelude:  # compiled as the program will be: without this file's `from __future__ import annotations`
+        exec(compile(op.imports + op.prelude, f"<{op.name}>", "exec", dont_inherit=True), scope)
     holder = nn.Module()
     if op.init:
         torch.manual_seed(seed)
         setattr(holder, "op", eval(fill(op.init, tuple(x.shape), params), scope))
     with torch.no_grad():
         return eval(fill(op.call, tuple(x.shape), params).replace("{attr}", "op"), {**scope, "self": holder, "x": x})
+
+
+CATEGORIES = (  # (category, words in an operator's name), the first that matches; the report's breakdown
+    ("convolution", ("conv",)), ("pooling", ("pool",)), ("normalization", ("norm",)),
+    ("softmax", ("softmax", "softmin", "logsumexp", "glu")), ("matmul", ("linear", "matmul")),
+    ("reduction", ("sum", "mean", "amax", "cumsum")),
+    ("pointwise math", ("torch.",)),
+)
+
+
+def category(name: str) -> str:
+    """The kind of operator ``name`` is (convolution, normalization, ..., activation), for the quality report."""
+    lowered = name.lower()
+    for kind, words in CATEGORIES:
+        if any(word.lower() in lowered for word in words):
+            return kind
+    return "activation"
 
 
 def write_catalogue(path: Path, ops: list[Op], excluded: list[dict]) -> None:

@@ -11,9 +11,9 @@ run skips the seeds its manifest already holds.
 """
 from __future__ import annotations
 
+import math
 import random
 import re
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +25,8 @@ from tasks.synth.catalogue import Op, fill, run_op
 # chain's work is dominated by its operators, not the launch overhead.
 SAMPLE_SHAPES = {"flat": [(1024,), (2048,), (4096,)], "seq": [(64, 256), (128, 512)], "image": [(16, 32, 32), (32, 64, 64)]}
 MAX_ELEMENTS = 1 << 26  # no tensor of a chain may exceed this many elements at the sized batch (256 MB of float32)
+SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
+SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
 CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
 
 
@@ -52,26 +54,47 @@ def compose(seed: int, ops: list[Op], max_ops: int = 5) -> Candidate | None:
                                  "sample_shape": list(sample)})
 
 
-def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "cpp") -> Candidate:
-    """The candidate with the batch size that puts its eager forward near the window's geometric middle.
+def chain_of(names: list[str], ops: list[Op], layout: str = "flat", sample: tuple[int, ...] = (4096,),
+             params: dict | None = None, seed: int = 0) -> Candidate:
+    """The candidate that applies the named operators in order (each with its first hyperparameters unless
+    ``params`` names them): a reported task rebuilt, or a known chain for a test."""
+    by_name = {op.name: op for op in ops}
+    x = torch.randn(2, *sample)
+    chain = []
+    for name in names:
+        op = by_name[name]
+        values = {k: v[0] for k, v in op.params.items()} | (params or {}).get(name, {})
+        chain.append((op, {**values, "_in_shape": tuple(x.shape)}))
+        x = run_op(op, x, values)
+    return Candidate(id=f"synth/chain_{'_'.join(_short(n) for n in names)}"[:120],
+                     source=_program(seed, layout, sample, chain, batch=1),
+                     provenance={"composer": "chain_of", "seed": seed, "ops": list(names), "layout": layout,
+                                 "sample_shape": list(sample)})
+
+
+def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "cpp", target_ms: float = 0.0) -> Candidate:
+    """The candidate with the batch size that puts its eager forward at ``target_ms`` (0: the window's geometric middle).
 
     Measured where the window is then checked (a screen worker, one thread): a size measured in
-    another process on a busy machine missed the window by 100x either way.
+    another process on a busy machine missed the window by 100x either way. The time measured at
+    the chosen batch is recorded (``eager_ms_sized``), so a task's distance from the edges is known.
     """
     scope: dict = {}
-    exec(compile(candidate.source, candidate.id, "exec"), scope)
+    exec(compile(candidate.source, candidate.id, "exec", dont_inherit=True), scope)
     torch.manual_seed(0)
     device = "cuda" if backend == "cuda" else "cpu"
     model = scope["Model"]().to(device).eval()
     sample = tuple(candidate.provenance["sample_shape"])
-    measured = _sized_batch(model, sample, window_ms, device)
+    target = target_ms or (window_ms[0] * window_ms[1]) ** 0.5
+    measured, eager_ms = _sized_batch(model, sample, target, device)
     # The backend measured here sets its own preset; the other one's is scaled by the usual GPU/CPU ratio.
     batch = measured if device == "cpu" else max(1, measured // CUDA_BATCH_FACTOR)
     cuda_batch = measured if device == "cuda" else batch * CUDA_BATCH_FACTOR
     source = re.sub(r"(?m)^batch_size = .*$", f"batch_size = {batch}", candidate.source)
     source = re.sub(r"(?m)^PRESETS = .*$", _presets_line(batch, cuda_batch), source)
     return Candidate(candidate.id, source, {**candidate.provenance, "batch_cpp": batch, "batch_cuda": cuda_batch,
-                                            "sized_on": backend})
+                                            "sized_on": backend, "target_ms": round(target, 3),
+                                            "eager_ms_sized": round(eager_ms, 3)})
 
 
 def _presets_line(batch: int, cuda_batch: int) -> str:
@@ -86,7 +109,7 @@ def _chain(rng: random.Random, ops: list[Op], layout: str, sample: tuple[int, ..
         if len(chain) == length:
             break
         current = _layout_of(x)
-        usable = [op for op in ops if current in op.layouts]
+        usable = [op for op in ops if current in op.layouts and not (op.first_only and chain)]
         if not usable:
             break
         op = rng.choices(usable, weights=[o.weight for o in usable])[0]
@@ -115,6 +138,7 @@ def _short(name: str) -> str:
 def _program(seed: int, layout: str, sample: tuple[int, ...], chain: list[tuple[Op, dict]], batch: int) -> str:
     dims = ", ".join(str(d) for d in sample)
     preludes = "".join(f"\n\n{text}" for text in dict.fromkeys(op.prelude for op, _ in chain if op.prelude))
+    imports = "".join(dict.fromkeys(line for op, _ in chain for line in op.imports.splitlines(keepends=True)))
     init_lines, forward_lines = [], []
     for i, (op, params) in enumerate(chain):
         shape = params["_in_shape"]
@@ -134,7 +158,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
+{imports}
 batch_size = {batch}
 {_presets_line(batch, batch * CUDA_BATCH_FACTOR)}{preludes}
 
@@ -155,24 +179,56 @@ def get_inputs():
 
 def get_init_inputs():
     return []
+
+
+if __name__ == "__main__":  # `python task.py`: the program runs on its own
+    model = Model(*get_init_inputs()).eval()
+    with torch.no_grad():
+        print(tuple(model(*get_inputs()).shape))
 '''
 
 
-def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], window_ms: tuple[float, float], device: str) -> int:
-    target = (window_ms[0] * window_ms[1]) ** 0.5
+def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float, device: str) -> tuple[int, float]:
+    """(the batch whose eager forward takes about ``target`` ms, the time measured at it)."""
+    tried: dict[int, float] = {}  # batch -> its measured ms
     batch = 1
-    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled linearly
+    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled
         x = torch.randn(batch, *sample, device=device)
         ms, y = _eager_ms(model, x)
+        tried[batch] = ms
         if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS:
             break
         batch *= 2
-    largest = max(x.numel(), y.numel()) / batch
-    return max(1, min(int(batch * target / max(ms, 1e-3)), int(MAX_ELEMENTS // max(largest, 1))))
+    cap = max(1, int(MAX_ELEMENTS // max(max(x.numel(), y.numel()) / batch, 1)))
+    # Time is not linear in the batch: a small batch runs from the caches, a large one pays DRAM and
+    # page faults (relu then softsign took 30x longer per sample at 51M elements than at 1M), so a
+    # linear guess from a small batch missed by 10-30x (issue 36: tasks sized for 10 ms ran in 1 ms).
+    # Each guess is measured; one that leaves the bracket of batches known too fast and too slow is
+    # replaced by the bracket's geometric middle; the batch measured closest to the target is kept.
+    for _ in range(SIZE_ROUNDS):
+        if target / SIZE_SLACK <= ms <= target * SIZE_SLACK:
+            break
+        fast = [b for b, t in tried.items() if t < target]
+        slow = [b for b, t in tried.items() if t > target]
+        low, high = max(fast, default=0), min(slow, default=cap + 1)
+        guess = int(batch * target / max(ms, 1e-3))
+        if not low < guess < high:
+            guess = int((max(low, 1) * min(high, cap)) ** 0.5)
+        guess = max(1, min(cap, guess))
+        if guess in tried:
+            break
+        batch = guess
+        ms, _ = _eager_ms(model, torch.randn(batch, *sample, device=device))
+        tried[batch] = ms
+    best = min(tried, key=lambda b: abs(math.log(max(tried[b], 1e-6) / target)))
+    return best, tried[best]
 
 
 def _eager_ms(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """The median of five timed calls after a warm-up (the first call pays allocation and dispatch set-up)."""
+    """The fastest of five timed calls after a warm-up (the first call pays allocation and dispatch set-up).
+
+    The fastest, not the median: on a shared machine a neighbour's work only ever adds time, and the
+    median of five was seen 10x above the quiet time (load 6 on 2 cores), which sized batches 10x too small."""
     with torch.no_grad():
         y = model(x)
         times = []
@@ -183,4 +239,4 @@ def _eager_ms(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Ten
             model(x)
             synchronize()
             times.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(times), y
+    return min(times), y

@@ -5,10 +5,15 @@ Stages, in order (each candidate ends in exactly one, recorded as one manifest r
 - ``static``: it does not parse, lacks an entry point, or calls something stochastic;
 - ``duplicate``: its normalised AST equals an accepted task's;
 - ``near_duplicate``: its AST similarity to an accepted task is at or above the threshold;
-- ``contamination``: its AST similarity to a KernelBench problem is at or above the threshold
-  (the row names the closest problem);
-- ``screen``: the dynamic filters rejected it (tasks/synth/filters.py, with the reasons);
-- ``accepted``: written to ``tasks/synth/<id>.py``, its provenance beside it (``<id>.json``).
+- ``contamination``: its traced computation equals or contains a KernelBench problem's, scoring
+  at or above the threshold (tasks/synth/contamination.py; the row names the closest problem);
+- ``screen``: the dynamic filters rejected it (tasks/synth/filters.py; the row's ``filters`` name
+  each one that did, ``reason`` says why);
+- ``accepted``: written to ``tasks/synth/<id>.py``, its provenance beside it (``<id>.json``: the
+  operators, their trace, the nearest KernelBench problem and its score, the eager time).
+
+Every row that got so far carries the candidate's trace and nearest KernelBench problem, so the
+quality report (tasks/synth/quality.py) can show the score of what was accepted and of what was not.
 
 Resumable: the manifest is appended row by row and read back on start; seeds it holds are
 not composed again, and the accepted tasks are indexed again from their files.
@@ -20,18 +25,25 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from tasks.synth.compose import Candidate
-from tasks.synth.filters import static_problem
-from tasks.synth.similarity import SimilarityIndex, exact_key
 from tasks.loader import parse_task
-from tasks.task import Task
+from tasks.screen import ScreenResult
+from tasks.synth.catalogue import category
+from tasks.synth.compose import Candidate
+from tasks.synth.contamination import KernelBenchTraces
+from tasks.synth.filters import static_problem
+from tasks.synth.quality import quality_report, render_html
+from tasks.synth.similarity import SimilarityIndex, exact_key
+from tasks.synth.trace import trace_problem
+from tasks.task import Task, build_problem
 
 STAGES = ("compose", "static", "duplicate", "near_duplicate", "contamination", "screen", "accepted")
 
 
 class SynthRun:
-    def __init__(self, out: Path, duplicate_similarity: float, kernelbench: SimilarityIndex | None):
+    def __init__(self, out: Path, duplicate_similarity: float, kernelbench: KernelBenchTraces | None,
+                 contamination_score: float = 0.75):
         self.out = out
+        self.contamination_score = contamination_score
         self.task_dir = out / "tasks" / "synth"
         self.task_dir.mkdir(parents=True, exist_ok=True)
         self.manifest = out / "manifest.jsonl"
@@ -62,28 +74,43 @@ class SynthRun:
         copy = self._copy_of(candidate.source)
         if copy:
             return {**row, **copy}
-        if self.kernelbench is not None and len(self.kernelbench):
-            hit = self.kernelbench.similar(candidate.source)
-            if hit:
-                return {**row, "stage": "contamination", "closest": hit[0], "similarity": round(hit[1], 3),
-                        "reason": f"{hit[1]:.2f} AST-similar to KernelBench {hit[0]}"}
+        screened = self._contamination(candidate)
+        if screened.get("score", 0.0) >= self.contamination_score:
+            return {**row, **screened, "stage": "contamination",
+                    "reason": f"its traced computation scores {screened['score']:.2f} against KernelBench "
+                              f"{screened['closest']} (equal or contained at >= {self.contamination_score})"}
+        candidate.provenance.update(screened)  # carried to the screen's row and the task's provenance
         return None
 
-    def finish(self, seed: int, candidate: Candidate, problem: str, eager_ms: float | None) -> dict:
+    def _contamination(self, candidate: Candidate) -> dict:
+        """The candidate's trace and nearest KernelBench problem (empty without KernelBench, or when it does not trace)."""
+        if self.kernelbench is None or not len(self.kernelbench):
+            return {}
+        try:
+            tokens = trace_problem(build_problem(task_of(candidate), "cpp"))
+        except Exception as err:  # noqa: BLE001 - a program that cannot run is the screen's to reject, with its reason
+            return {"trace_error": f"{type(err).__name__}: {str(err)[:200]}"}
+        nearest = self.kernelbench.nearest(tokens)
+        return {"trace": tokens, "closest": nearest.problem, "score": round(nearest.score, 3)}
+
+    def finish(self, seed: int, candidate: Candidate, screen: ScreenResult) -> dict:
         """The row of a screened candidate: accepted (and written) unless the screen or a twin accepted meanwhile says no."""
-        row = {"seed": seed, "id": candidate.id, "ops": candidate.provenance.get("ops", []), "eager_ms": eager_ms}
-        if problem:
-            return {**row, "stage": "screen", "reason": problem}
+        facts = {k: candidate.provenance[k] for k in ("trace", "closest", "score", "eager_ms_sized", "target_ms",
+                                                       "batch_cpp", "batch_cuda") if k in candidate.provenance}
+        ops = candidate.provenance.get("ops", [])
+        row = {"seed": seed, "id": candidate.id, "ops": ops, "categories": [category(op) for op in ops],
+               "eager_ms": screen.eager_ms, **facts}
+        if screen.problems:
+            return {**row, "stage": "screen", "filters": screen.filters, "reason": "; ".join(screen.problems)}
         copy = self._copy_of(candidate.source)  # a twin screened at the same time may have been accepted first
         if copy:
             return {**row, **copy}
         name = Path(candidate.id).name
         (self.task_dir / f"{name}.py").write_text(candidate.source)
-        (self.task_dir / f"{name}.json").write_text(json.dumps({**candidate.provenance, "eager_ms": eager_ms}, indent=1))
+        (self.task_dir / f"{name}.json").write_text(json.dumps(
+            {**candidate.provenance, "categories": row["categories"], "eager_ms": screen.eager_ms,
+             "distinct": [round(d, 4) for d in screen.distinct]}, indent=1))
         self._index(candidate.id, candidate.source)
-        if self.kernelbench is not None and len(self.kernelbench):
-            closest, similarity = self.kernelbench.closest(candidate.source)
-            row.update(closest=closest, similarity=round(similarity, 3))
         return {**row, "stage": "accepted"}
 
     def record(self, row: dict) -> None:
@@ -97,11 +124,13 @@ class SynthRun:
         return {stage: seen.get(stage, 0) for stage in STAGES}
 
     def report(self, extra: dict) -> dict:
-        """report.json: candidates per stage, the most common reasons, and the run's facts."""
+        """report.json (and report.html): candidates per stage and per filter with an example of each, the
+        most common reasons, the accepted set's make-up, and the run's facts."""
         reasons = Counter((row["stage"], _reason_class(row.get("reason", ""))) for row in self.rows if row["stage"] != "accepted")
-        report = {"candidates": len(self.rows), "stages": self.counts(),
+        report = {"candidates": len(self.rows), "stages": self.counts(), **quality_report(self.rows),
                   "top_reasons": [{"stage": s, "reason": r, "count": n} for (s, r), n in reasons.most_common(20)], **extra}
         (self.out / "report.json").write_text(json.dumps(report, indent=1))
+        (self.out / "report.html").write_text(render_html(report))
         return report
 
     def _copy_of(self, source: str) -> dict | None:

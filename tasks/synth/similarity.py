@@ -1,4 +1,7 @@
-"""Duplicates and contamination: a normalised AST hash for exact copies, AST shingles for near ones.
+"""Duplicates among synthesised tasks: a normalised AST hash for exact copies, AST shingles for near ones.
+
+(KernelBench contamination is judged on the traced computation instead: tasks/synth/contamination.py.
+Between tasks this composer wrote, the code is the computation, so its shape is a fair measure.)
 
 Two programs are compared by the Jaccard similarity of their AST 3-gram shingles: the stream
 of node types and names (operators, attributes, functions called), with every constant
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from pathlib import Path
 
 from datasketch import MinHash, MinHashLSH
 
@@ -85,18 +87,6 @@ class SimilarityIndex:
         """The most similar program of all (exact, over every entry: for reports)."""
         grams = shingles(source)
         return max(((name, jaccard(grams, s)) for name, s in self.sets.items()), key=lambda f: f[1], default=("", 0.0))
-
-
-def kernelbench_index(root: Path, threshold: float) -> SimilarityIndex:
-    """KernelBench levels 1-3 under ``root`` (read in place), by "levelN/file"; empty when absent."""
-    index = SimilarityIndex(threshold)
-    for level in ("level1", "level2", "level3"):
-        for path in sorted((root / level).glob("*.py")) if (root / level).is_dir() else []:
-            try:
-                index.add(f"{level}/{path.stem}", path.read_text())
-            except SyntaxError:
-                continue
-    return index
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
