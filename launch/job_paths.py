@@ -30,8 +30,8 @@ from configs.load import RUN_FOLDERS
 READ = ("model.path", "model.critic_path", "synth.kernelbench_dir")  # files or folders the job reads
 READ_LISTS = ("stage.tasks", "eval.tasks", "eval.heldout_tasks")  # problem files or folders
 SPECS = ("eval.policy", "synth.policy")  # policy specs whose vllm:DIR or replay:FILE names a path
-WRITTEN = ("model.cache_dir", "env.work_dir", "env.pch_dir", "storage.node_dir")  # caches each node writes
-NOT_PATHS = {"model.path": ("embedded",), "env.pch_dir": ("",)}  # values that name no path
+WRITTEN = ("model.cache_dir", "env.work_dir", "env.pch_dir", "storage.node_dir", "synth.trace_cache")  # caches each node writes
+NOT_PATHS = {"model.path": ("embedded",), "env.pch_dir": ("",), "synth.trace_cache": ("",)}  # values that name no path
 PATH_KEYS = (*READ, *READ_LISTS, *SPECS, *WRITTEN, "storage.root", *RUN_FOLDERS, "job.python")  # job.python: launch/job_python.py
 
 
