@@ -47,6 +47,10 @@ class InProcessHarness:
             print(f"  harness request, {payload['mode']}{' + baselines' if payload['baseline'] else ''}: "
                   f"{time.perf_counter() - begin:.2f} s", flush=True)
 
+    def record(self, line: str) -> None:
+        """The worker's own line (HarnessProcess writes it to harness.log): printed here."""
+        print(f"  worker: {line}", flush=True)
+
     def close(self) -> None:
         self.pools.close()
 
