@@ -67,14 +67,14 @@ def test_synchronous_learning_check_raises_the_reward_on_the_weights_it_pushed(t
     assert len(steps) == 12
     assert rise(steps) >= MARGIN, f"the reward did not rise by {MARGIN}: {curve(steps)}"
     for s in steps:
-        weight = s["learner"]["importance_weight"]
+        weight = s["learner/importance_weight"]
         assert abs(weight - 1.0) <= 0.01, f"step {s['step']}: importance weight {weight}: the sampler's weights are not the learner's"
     for e in episodes:
         assert e["versions"] == [e["step"] - 1], f"step {e['step']} trained an episode of versions {e['versions']}"
     ids = [e["episode_id"] for e in episodes]
     assert len(ids) == len(set(ids)) == 12 * 8, "an episode was trained twice, or a step trained fewer than its batch"
-    buffer = steps[-1]["buffer"]
-    assert buffer["dropped_stale"] == 0 and buffer["downweighted"] == 0, buffer
+    last = steps[-1]
+    assert last["buffer/dropped_stale"] == 0 and last["buffer/downweighted"] == 0, "a synchronous episode was stale"
 
 
 def test_control_run_rewarding_the_other_word_moves_the_policy_the_other_way(tmp_path, capsys):
