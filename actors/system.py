@@ -33,6 +33,7 @@ from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
 from actors.trajectory_queue import buffer_options
 from actors.weight_sync import push_weights, resolve_transport
+from env_pool.answer_check import AnswerWorker
 from env_pool.pool import EnvWorker
 
 
@@ -129,10 +130,12 @@ class System:
 
 
 def start_env_workers(reservation: Reservation, env_cfg: dict[str, Any]) -> list[Any]:
-    """An EnvWorker in each of the plan's env worker slots, each told its share of its node's CPUs."""
+    """An env worker in each of the plan's env worker slots, each told its share of its node's CPUs: an
+    EnvWorker (kernels), or with env.kind=verifier an AnswerWorker (the learning check)."""
     slots = reservation.plan.env_workers
     shares = reservation.node_shares(slots)
-    return [EnvWorker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot))
+    worker = AnswerWorker if env_cfg.get("kind") == "verifier" else EnvWorker  # the learning check, or kernels
+    return [worker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot))
             .remote(env_cfg, cpu_share=shares[slot.index]) for slot in slots]
 
 

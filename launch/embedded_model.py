@@ -121,11 +121,16 @@ def generate_sample(model_dir: Path, prompt: str, max_new_tokens: int = 24) -> s
 
 
 def resolve_model_path(path: str, cache_dir: str) -> str:
-    """A config's model.path as a folder: "embedded" is prepared (once) and returned."""
+    """A config's model.path as a folder: "embedded" and "embedded-primed" (launch/primed_model.py) are
+    prepared (once) and returned."""
     if path == "embedded":
         return str(prepare_embedded_model(cache_dir))
+    if path == "embedded-primed":  # the learning check's: the embedded model taught the tool-call form
+        from launch.primed_model import prepare_primed_model
+        return str(prepare_primed_model(cache_dir))
     if not Path(path).expanduser().is_dir():
-        raise ModelPrepareError(f"model.path {path!r} is not a folder; give a Hugging Face model folder or 'embedded'")
+        raise ModelPrepareError(f"model.path {path!r} is not a folder; give a Hugging Face model folder, 'embedded' "
+                                "or 'embedded-primed'")
     return str(Path(path).expanduser())
 
 

@@ -91,6 +91,11 @@ def print_training_summary(out_dir: str | Path, console: Console) -> None:
         rows = [r for r in records if r.get("stage") == stage]
         table.add_row(*_summary_row(stage, rows, recipe.get("stage_s", {}).get(stage)))
     console.print(table)
+    for stage in dict.fromkeys(r["stage"] for r in records if r.get("stage")):
+        # The curve itself, not only its mean: whether the reward rose is what a learning run shows.
+        curve = [r[REWARD] for r in records if r.get("stage") == stage and r.get(REWARD) is not None]
+        if 1 < len(curve) <= 50:
+            console.print(f"{stage} reward by step: " + " ".join(f"{x:+.2f}" for x in curve), markup=False)
     for r in records:
         if r.get(SKIPPED):
             console.print(f"step {r['step']} ({r.get('stage', '')}) trained nothing: {r[SKIPPED]}", markup=False)

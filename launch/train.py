@@ -49,6 +49,7 @@ from launch.plots import write_plots
 from launch.progress import ProgressDisplay
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories
+from tasks.answers import answer_tasks
 from tasks.loader import load_tasks
 
 log = logging.getLogger("cuda_agent.train")
@@ -126,6 +127,14 @@ def critic_folder(path: str | None) -> str | None:
     return str(folder.resolve())
 
 
+def training_tasks(cfg: Any) -> tuple[list, list]:
+    """The stage's tasks and the files that failed to load: kernel problems, or with env.kind=verifier
+    the learning check's questions (tasks/answers.py)."""
+    if str(getattr(cfg.env.kind, "value", cfg.env.kind)) == "verifier":
+        return answer_tasks(cfg.env.verifier.answer_file), []
+    return load_tasks(list(cfg.stage.tasks))
+
+
 def train(cfg: Any) -> Path:
     check_sampling(cfg)
     check_groups(cfg)
@@ -141,7 +150,7 @@ def train(cfg: Any) -> Path:
         plan = plan_resources(cfg)
         check_learner_ranks(cfg, len(plan.learner))
         reservation = reserve(plan)
-        tasks, failures = load_tasks(list(cfg.stage.tasks))
+        tasks, failures = training_tasks(cfg)
         for f in failures:
             log.warning("task not loaded: %s: %s", f.path, f.reason)
         if heldout is not None:

@@ -67,6 +67,13 @@ class EpisodeSettings:
         )
 
 
+# The learning check's system prompt (env.kind=verifier): the call form in one line, short
+# because the learner's cost on a CPU is every token of every episode.
+ANSWER_SYSTEM = ('You answer by writing files in your workspace with tool calls of this form:\n<tool_call>\n'
+                 '{"name": "write_file", "arguments": {"path": "<file name>", "content": "<the whole file>"}}\n'
+                 '</tool_call>')
+
+
 def system_prompt(skill: str, tool_prompt: str) -> str:
     """The role, SKILL.md (or where to find it), and the tools."""
     skill = skill.strip() or "Your workspace holds SKILL.md, the guide to this environment: read it first."
@@ -86,6 +93,11 @@ def task_prompt(task_source: str, backend: str) -> str:
     )
 
 
+def answer_messages(question: str) -> list[dict[str, Any]]:
+    """The learning check's opening: the call form, then the question (its task's source)."""
+    return [{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": question}]
+
+
 class Episode:
     """The state of one episode; ``run`` drives it to the end."""
 
@@ -98,7 +110,7 @@ class Episode:
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": system_prompt(skill, prompt)},
             {"role": "user", "content": task_prompt(task.source, backend)},
-        ]
+        ] if not tools.answer_file else answer_messages(task.source)
         self.traj = Trajectory(episode_id=episode_id or uuid.uuid4().hex, task_id=task.id,
                                token_level=policy.token_level, meta={"backend": backend})
         self.final: EvalResult | None = None

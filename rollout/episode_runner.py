@@ -130,7 +130,8 @@ class EpisodeRunner:
     def __init__(self, policy: Policy, env: EnvClient, settings: EpisodeSettings, *, backend: str,
                  workspace_root: str | Path, observation_max_chars: int = 4000, episodes_in_flight: int = 16,
                  generate_rate: float = 0.0, env_rate: float = 0.0, keep_workspaces: bool = False,
-                 skill_in_prompt: bool = True, keep_solution: bool = False, rules: str = "strict"):
+                 skill_in_prompt: bool = True, keep_solution: bool = False, rules: str = "strict",
+                 answer_file: str | None = None):
         self.activity = Activity()
         policy = ThrottledPolicy(policy, Throttler(generate_rate)) if generate_rate > 0 else policy
         env = ThrottledEnv(env, Throttler(env_rate)) if env_rate > 0 else env
@@ -143,6 +144,7 @@ class EpisodeRunner:
         self.skill, self.skill_in_prompt = skill_text(backend, rules), skill_in_prompt
         # Evaluation keeps what the final evaluation judged (traj.meta["solution"]) for its report and audit.
         self.keep_solution = keep_solution
+        self.answer_file = answer_file  # the learning check (env.kind=verifier): the file its verifier judges
 
     @classmethod
     def from_config(cls, cfg: Any, policy: Policy, env: EnvClient, max_turns: int | None = None,
@@ -161,6 +163,7 @@ class EpisodeRunner:
             skill_in_prompt=cfg.rollout.skill_in_prompt,
             keep_solution=keep_solution,
             rules=str(getattr(cfg.env.rules, "value", cfg.env.rules)),
+            answer_file=cfg.env.verifier.answer_file if str(getattr(cfg.env.kind, "value", cfg.env.kind)) == "verifier" else None,
         )
 
     async def run_one(self, job: Job) -> Trajectory:
@@ -168,7 +171,7 @@ class EpisodeRunner:
             self.activity.started += 1
             ws = Workspace.create(self.workspace_root, job.episode_id, job.task, self.backend, self.skill)
             try:
-                tools = ToolBox(job.task, ws, self.env, self.backend, self.observation_max_chars)
+                tools = ToolBox(job.task, ws, self.env, self.backend, self.observation_max_chars, self.answer_file)
                 traj = await run_episode(job.task, self.policy, tools, self.settings,
                                          self.skill if self.skill_in_prompt else "", self.backend, job.episode_id)
                 if self.keep_solution:

@@ -24,24 +24,30 @@ from rollout.workspace import Workspace, WorkspaceError
 from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
+ANSWER_TOOLS = ("write_file", "submit")  # the learning check's tools
 MODES = {"compile": "compile", "verify": "verify", "profile": "full", "submit": "full"}  # tool -> evaluation mode
 
 
 class ToolBox:
     """The tools of one episode: its task, workspace and environment."""
 
-    def __init__(self, task: Task, workspace: Workspace, env: EnvClient, backend: str, observation_max_chars: int = 4000):
+    def __init__(self, task: Task, workspace: Workspace, env: EnvClient, backend: str, observation_max_chars: int = 4000,
+                 answer_file: str | None = None):
         self.task, self.workspace, self.env = task, workspace, env
         self.backend = str(getattr(backend, "value", backend))
         self.max_chars = observation_max_chars
-        self.tools = [t for t in TOOLS if self.backend == "cuda" or not t.cuda_only]
+        # The learning check (env.kind=verifier) judges one answer file: the agent writes it and
+        # submits; the kernel tools would only be ways to fail.
+        self.answer_file = answer_file
+        self.tools = ([t for t in TOOLS if t.name in ANSWER_TOOLS] if answer_file else
+                      [t for t in TOOLS if self.backend == "cuda" or not t.cuda_only])
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools]
 
     async def call(self, call: ToolCall) -> ToolResult:
         tool = BY_NAME.get(call.name)
-        if tool is None:
+        if tool is None or (self.answer_file and tool not in self.tools):
             names = ", ".join(t.name for t in self.tools)
             return _invalid(f"unknown tool {call.name!r}. The tools are: {names}.", f"unknown tool {call.name!r}")
         problem = check_arguments(tool, call.arguments)
@@ -120,6 +126,8 @@ class ToolBox:
         no model_new.py: the environment would fail it as missing_files before running anything,
         so it is judged here, at once, with no round trip to (or queue at) an env worker.
         None when there is a solution to evaluate."""
+        if self.answer_file:
+            return None  # the learning check's verifier judges a missing answer file itself (and says so)
         try:  # one lstat: solution_files() holds model_new.py when it is a regular file (not a link)
             mode = os.lstat(self.workspace.path / SOLUTION_FILE).st_mode
         except FileNotFoundError:
@@ -134,8 +142,15 @@ class ToolBox:
         result.milestone, result.reward = Milestone.FAIL, failure_reward
         return result
 
+    def _evaluated_files(self) -> dict[str, str]:
+        """What the environment judges: the kernel solution's files, or the learning check's answer file."""
+        if not self.answer_file:
+            return self.workspace.solution_files()
+        names = {name for name, _, _ in self.workspace.list_files()}
+        return {self.answer_file: self.workspace.read(self.answer_file)} if self.answer_file in names else {}
+
     async def _evaluate(self, tool: str) -> ToolResult:
-        result = await self.env.evaluate(self.task, self.workspace.solution_files(), MODES[tool])
+        result = await self.env.evaluate(self.task, self._evaluated_files(), MODES[tool])
         # A compile-only evaluation checks nothing, so it reaches no milestone and earns no reward; nor
         # does one the environment failed to run (infra): that says nothing of the agent's kernel.
         reward = None if tool == "compile" or result.failure == "infra" else result.reward

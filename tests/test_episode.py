@@ -221,6 +221,28 @@ def test_vllm_episode_against_the_real_environment(gelu_task, env_pool, tmp_path
     assert all(lp <= 0.0 for seg in traj.segments for lp, m in zip(seg.logprobs, seg.loss_mask) if m)
     assert any(lp < 0.0 for seg in traj.segments for lp in seg.logprobs), "sampling logprobs were not recorded"
     assert_prompts_are_recorded(traj, requests)
+    assert_learner_scores_what_the_sampler_recorded(traj, tiny_model_dir)
+
+
+def assert_learner_scores_what_the_sampler_recorded(traj, model_dir) -> None:
+    """PPO's ratio divides the learner's logprob of each generated token by the sampler's, so the
+    two must describe the same token at the same place: the learner's scoring (learner/batching,
+    learner/models) of the recorded trajectory must give back the sampler's logprobs that the
+    episode loop recorded. A logprob recorded one token off fails this by whole nats."""
+    import torch
+
+    from learner.batching import flatten, pack
+    from learner.models import load_policy, score_batch
+
+    model = load_policy(model_dir, torch.float32, "sdpa", grad_checkpointing=False).eval()
+    batch = flatten([traj])
+    with torch.no_grad():
+        learner = score_batch(model, pack(batch.sequences, 4096), batch.num_generated, critic=False, device="cpu")
+    sampler = batch.behaviour_logprobs
+    worst = float((learner - sampler).abs().max())
+    assert worst < 2e-3, (f"the learner's logprobs of the episode's {batch.num_generated} generated tokens differ from "
+                          f"the sampler's recorded ones by up to {worst:.3g} nats (first learner {learner[:4].tolist()}, "
+                          f"sampler {sampler[:4].tolist()})")
 
 
 @pytest.mark.gpu

@@ -311,6 +311,7 @@ def test_value_pretraining_raises_explained_variance(tiny_model_dir, learner_dis
     from learner.batching import flatten, pack
     from learner.checkpoint import export_hf
     from learner.models import Critic, score_batch
+    from learner.ppo import PPOTrainer
 
     out = export_hf(pretrainer.critic, tmp_path / "critic")
     reloaded = Critic.from_pretrained(out, torch.float32, "sdpa", grad_checkpointing=False).eval()
@@ -319,6 +320,13 @@ def test_value_pretraining_raises_explained_variance(tiny_model_dir, learner_dis
     want = score_batch(pretrainer.critic, micro, batch.num_generated, critic=True, device="cpu")
     got = score_batch(reloaded, micro, batch.num_generated, critic=True, device="cpu")
     assert torch.equal(got, want), "the exported critic must predict what the trained one does"
+    # ... and agentic PPO's trainer, given that folder as its critic_path, starts from exactly it
+    # (a trainer that ignored critic_path would start from the policy's weights and a fresh head).
+    ppo = PPOTrainer.create(_cfg(), tiny_model_dir, critic_path=out, total_steps=1)
+    started = score_batch(ppo.critic, micro, batch.num_generated, critic=True, device="cpu")
+    assert torch.allclose(started, want, atol=1e-5), (
+        f"agentic PPO's critic does not predict what value pretraining exported: max difference "
+        f"{float((started - want).abs().max()):.3g}")
 
 
 def test_rft_and_value_pretraining_weigh_each_trajectorys_tokens_by_its_loss_weight(tiny_model_dir, learner_dist):

@@ -244,5 +244,7 @@ def test_the_training_summary_gives_each_stage_its_episode_weighted_rates_tokens
     assert rft == ["rft", "2", "8", "-0.50", "25%", "0%", "0%", "150", "1.5"]
     agentic = next(line for line in text.splitlines() if line.strip().startswith("agentic_ppo")).split()
     assert agentic == ["agentic_ppo", "1", "1", "+0.50", "100%", "100%", "100%", "-", "-"]
+    assert "rft reward by step: +1.00 -1.00" in text, "a stage of several steps shows its reward curve"
+    assert "agentic_ppo reward by step" not in text, "one step is no curve"
     for expected in (f"plot: {tmp_path / PLOTS['reward']}", f"plot: {tmp_path / PLOTS['milestones']}", "policy: /p/policy"):
         assert expected in text
