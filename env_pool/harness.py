@@ -467,9 +467,11 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     failure: RoundsFailed | None = None
     timed = rounds.payload["mode"] == "full" or trusted
     freezer = None
+    began = False  # the server said READY for its first phase (the null phase: no candidate code before it)
     try:
         for index, (name, todo, check, labels) in enumerate(phases):
             rounds.wait_ready(index, server.thread, trusted)
+            began = True
             freezer = server.start.freezer  # set as its sandbox started: long before it could say READY
             if freezer is None:  # cgroup-freeze is required of every server (server_pool.Server): the sandbox's fault
                 raise RoundsFailed("infra", "the server's sandbox has no freezer (cgroup v2's cgroup.freeze or the v1 "
@@ -514,6 +516,11 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
                                memory_limit(rounds.payload, trusted)) or failure
+    if failure is not None and failure.kind == "timeout" and not began:
+        # No candidate code runs before the first phase's READY: a server that never got there is the
+        # environment's (the corpus suite saw rare ones stuck at a waiting server's memory), retried as infra.
+        failure = RoundsFailed("infra", f"{name} never began its first phase (no candidate code had run): "
+                                        "the environment's fault")
     if failure is None and not trusted and not report["readable"]:
         failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
     if failure is not None:
