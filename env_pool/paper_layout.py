@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from env_pool.code_sampler import EXTENSIONS
-from tasks.solution import EXTENSION_MODULE, FIXED_FILES, KERNELS_DIR, extension_sources
+from tasks.solution import EXTENSION_MODULE, FIXED_FILES, extension_sources, solution_names
 
 REGISTRY_HEADER = """\
 #pragma once
@@ -100,9 +100,7 @@ def load_extension(scratch: Path, backend: str, fast_math: bool) -> ModuleType:
     with .cpp kernels for the CPU, OpenMP on as for its kernel.cpp."""
     from torch.utils import cpp_extension
 
-    names = [p.relative_to(scratch).as_posix() for base in (scratch, scratch / KERNELS_DIR) if base.is_dir()
-             for p in base.iterdir() if p.is_file()]
-    sources = [str(scratch / name) for name in extension_sources(names)]
+    sources = [str(scratch / name) for name in extension_sources(solution_names(scratch))]
     cuda = backend == "cuda"
     out = build_directory(scratch)
     out.mkdir(parents=True, exist_ok=True)

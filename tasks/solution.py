@@ -70,14 +70,13 @@ def read_solution(folder: Path) -> dict[str, str]:
     """A solution folder's files: those at its root and those in its kernels/ (the paper's layout).
 
     Build outputs (.so, .o, .pyc) and other folders are left out."""
-    files = {}
-    for base in (folder, folder / KERNELS_DIR):
-        if not base.is_dir():
-            continue
-        for path in sorted(base.iterdir()):
-            if path.is_file() and not path.name.endswith((".so", ".o", ".pyc")):
-                files[path.relative_to(folder).as_posix()] = path.read_text(errors="replace")
-    return files
+    return {name: (folder / name).read_text(errors="replace") for name in solution_names(folder)}
+
+
+def solution_names(folder: Path) -> list[str]:
+    """The names of a solution folder's files, at its root and in kernels/ (build outputs left out)."""
+    return [path.relative_to(folder).as_posix() for base in (folder, folder / KERNELS_DIR) if base.is_dir()
+            for path in sorted(base.iterdir()) if path.is_file() and not path.name.endswith((".so", ".o", ".pyc"))]
 
 
 def write_solution(folder: Path, files: Mapping[str, str]) -> None:
