@@ -517,8 +517,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
                                memory_limit(rounds.payload, trusted)) or failure
     if failure is not None and failure.kind == "timeout" and not began:
-        # No candidate code runs before the first phase's READY: a server that never got there is the
-        # environment's (the corpus suite saw rare ones stuck at a waiting server's memory), retried as infra.
+        # No candidate code runs before the first phase's READY (the null phase's): a server that
+        # never got there is the environment's, retried as infra.
         failure = RoundsFailed("infra", f"{name} never began its first phase (no candidate code had run): "
                                         "the environment's fault")
     if failure is None and not trusted and not report["readable"]:

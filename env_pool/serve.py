@@ -92,6 +92,11 @@ def serve(payload: dict, report: dict) -> None:
             ctrl.set_message(f"[{kind}] {short_error(err)}")
             ctrl.words[READY] = -(index + 1)
             return
+        # GO as it stands before READY: the harness writes a round's nonce only after READY, so
+        # the nonce is the first change from this value. Read after READY, a server frozen between
+        # the two (the harness freezes it as soon as it sees READY) woke to the nonce already there
+        # and waited for a change that never came: ~1 verification in 70 hung to its wall limit.
+        last_go = ctrl.words[GO]
         ctrl.words[READY] = index + 1
         report["stage"] = f"serve {phase}"
         # Every round of a candidate's server runs under the fallback detector, the null phase's
@@ -101,7 +106,7 @@ def serve(payload: dict, report: dict) -> None:
         # cudagraph modes of torch.compile keep their outputs in their graphs' own pool: those are
         # copied into the arena (charged to the compiled baseline), the graphs' capture left alone.
         routed = arena is not None and not (phase == "compiled" and payload.get("compile_mode", "default") != "default")
-        if _serve_rounds(ctrl, model, args, layout, arena, routed, watch, threads) == STOP:
+        if _serve_rounds(ctrl, last_go, model, args, layout, arena, routed, watch, threads) == STOP:
             return
 
 
@@ -169,9 +174,11 @@ def _build_candidate(payload: dict, problem, device: str, report: dict):
     return model, state
 
 
-def _serve_rounds(ctrl: Control, model: Callable, args: list, layout: Layout, arena: Arena | None, routed: bool,
-                  state: guards.GuardState | None, threads: set[int] | None) -> int:
+def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout: Layout, arena: Arena | None,
+                  routed: bool, state: guards.GuardState | None, threads: set[int] | None) -> int:
     """Serve rounds until GO asks for the next phase or to stop; returns that GO value.
+
+    ``last`` is GO's value read before the phase's READY: each round begins at a change from it.
 
     With a guard state, every round runs under the torch-op fallback detector: a detector on
     some rounds only would be seen (the dispatch-mode stack is readable) and dodged. Each
@@ -179,7 +186,6 @@ def _serve_rounds(ctrl: Control, model: Callable, args: list, layout: Layout, ar
     ``routed``: the forward's allocations come from the arena (a GPU's, but for cudagraph modes).
     """
     words, device = ctrl.words, layout.device
-    last = words[GO]  # GO still holds the previous phase's end: wait for a change from it
     kept: list[torch.Tensor] = []
     while True:
         go = words[GO]

@@ -159,9 +159,8 @@ class Server:
 
     def give(self, payload: dict, fds: tuple[int, int]) -> None:
         """The run: the round memory's descriptors, then the payload (and the move to the servers' CPUs)."""
-        # Continued first: a waiting server stopped for another run's timed rounds (quiet) and not
-        # continued since would never read its run. Suspected in the corpus suite's rare hangs: a
-        # server taken from the pool stayed at its waiting memory (~380 MB) until its wall limit.
+        # Continued first: a server given its run never depends on quiet() having continued it
+        # after another run's timed rounds (a stopped server would never read its run).
         self.start.resume()
         socket.send_fds(self.ours, [b"fds"], list(fds))
         self.start.give(msgpack.packb(payload), self.spec.cpus)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ import torch
 
 from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report, net_timing, resolved
 from env_pool.harness_process import HarnessProcess
-from env_pool.rounds import READY, Control, SlotMemory, plan_layout
+from env_pool.rounds import GO, READY, Control, SlotMemory, plan_layout
 from env_pool.sandbox import SandboxOutcome
 
 
@@ -308,3 +309,63 @@ def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_
     seen.clear()
     verdict = harness.handle(payload["level1/01_gelu"], cache, None)
     assert verdict["failure"] == "infra" and len(seen) == 1, "alone in the cache, an OOM is the verdict: no loop"
+
+
+def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round(monkeypatch):
+    """The harness freezes a server as soon as it sees READY and writes GO while it is frozen.
+
+    A server that read GO's starting value only after READY woke to the round's nonce already
+    there and waited for a change that never came (~1 corpus verification in 70 hung to its
+    wall limit). Here the harness's whole round start lands at that worst moment: in the
+    server's own write of READY.
+    """
+    from env_pool import serve
+    from env_pool.rounds import DONE, STOP
+    from tasks.loader import load_tasks
+
+    nonce = (1 << 61) | 12345
+
+    class FrozenAtReady(Control):
+        def __init__(self, fd: int):
+            super().__init__(fd)
+            self.words = _GoAtReady(self.words, nonce)
+
+    task = {t.id: t for t in load_tasks()[0]}["level1/17_relu"]
+    x = torch.rand(64)
+    layout = plan_layout([x], [torch.relu(x)], "cpu")
+    control, memory = Control.create(), SlotMemory.create(layout.size, "cpu")
+    monkeypatch.setattr(serve, "Control", FrozenAtReady)
+    payload = {"task": task.to_dict(), "backend": "cpp", "threads": 1, "phases": ["null"], "rules": "strict",
+               "layout": layout.to_dict(), "init_seed": 0, "watched": False,
+               "control_fd": control.fd, "slots_fd": memory.fd}
+    server = threading.Thread(target=serve.serve, args=(payload, {}), daemon=True)
+    try:
+        server.start()
+        deadline = time.monotonic() + 30
+        while control.words[DONE] != nonce and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert control.words[DONE] == nonce, "the server never served the round whose GO came while it was frozen"
+        control.words[GO] = STOP
+        server.join(30)
+        assert not server.is_alive()
+    finally:
+        control.words[GO] = STOP
+        server.join(5)
+        control.close()
+        memory.close()
+        os.close(control.fd)
+
+
+class _GoAtReady:
+    """The server's view of the control words, with the harness's GO written in the same instant as READY."""
+
+    def __init__(self, words, nonce: int):
+        self.words, self.nonce = words, nonce
+
+    def __getitem__(self, index: int) -> int:
+        return self.words[index]
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self.words[index] = value
+        if index == READY and value > 0:
+            self.words[GO] = self.nonce
