@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from actors.trajectory_queue import Batch, TrajectoryMeta
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 
 def push(buffer: Any, trajectory: Trajectory, version: int | None = None) -> Any:

@@ -81,7 +81,7 @@ def quiet_libraries() -> None:
 
 def ray_init_options(logging_cfg: Any, run_dir: str | os.PathLike) -> dict[str, Any]:
     """ray.init's arguments for a run writing to ``run_dir``: the workers' environment and where their output goes."""
-    mode = str(getattr(logging_cfg.actor_logs, "value", logging_cfg.actor_logs))
+    mode = str(logging_cfg.actor_logs)
     level = checked_level(logging_cfg.level)
     # A variable the driver's environment sets is the user's choice (VLLM_LOGGING_LEVEL=DEBUG to debug
     # the engine); in a Ray job it is the job's, and naming it again here would conflict with it.
@@ -117,7 +117,7 @@ def actor_creation_output(logging_cfg: Any, run_dir: str | os.PathLike) -> Itera
     holds those handles for the generators' whole life, so a restart finds them (tests/test_train.py
     kills and restarts one): nothing for a user to act on, and no line for the terminal. Creating an
     actor is quick and comes before the progress display starts, so nothing else is caught."""
-    if str(getattr(logging_cfg.actor_logs, "value", logging_cfg.actor_logs)) != "file":
+    if str(logging_cfg.actor_logs) != "file":
         yield
         return
     logs = worker_log_dir(run_dir)

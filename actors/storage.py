@@ -143,7 +143,7 @@ class RunStorage:
         run = Path(run_dir).expanduser().resolve()
         run.mkdir(parents=True, exist_ok=True)
         local_inputs = [str(Path(p).expanduser().resolve()) for p in inputs if p and Path(p).expanduser().exists()]
-        storage = cls(str(run), local_inputs, str(getattr(storage_cfg.mode, "value", storage_cfg.mode)),
+        storage = cls(str(run), local_inputs, str(storage_cfg.mode),
                       str(storage_cfg.node_dir), int(storage_cfg.chunk_mb) * 2**20, node_id())
         if storage.chunk_bytes <= 0:
             raise StorageError(f"storage.chunk_mb must be positive, got {storage_cfg.chunk_mb}")

@@ -111,7 +111,7 @@ def plan_resources(cfg: Any, learner: bool = True, with_generators: bool = True)
         gpu = (slot.index % generator_gpus if c["env_colocate"] and generator_gpus else layout.new_gpu()) if c["env_worker_gpus"] else None
         layout.place(slot, [] if gpu is None else [gpu])
     bundles = layout.bundles()
-    return ResourcePlan(bundles, c["placement_strategy"], generators, env_workers, learner, c, layout.labels(c))
+    return ResourcePlan(bundles, str(c["placement_strategy"]), generators, env_workers, learner, c, layout.labels(c))
 
 
 class _Layout:
@@ -177,9 +177,8 @@ def _gpu_share(occupants: int) -> float:
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
-    """A field of a dataclass, a DictConfig or a plain dict, enums as their values."""
-    value = obj.get(key, default) if hasattr(obj, "get") else getattr(obj, key, default)
-    return getattr(value, "value", value)
+    """A field of a dataclass, a DictConfig or a plain dict (an enum is a str: configs.schema)."""
+    return obj.get(key, default) if hasattr(obj, "get") else getattr(obj, key, default)
 
 
 def _cluster_values(cluster: Any) -> dict[str, Any]:

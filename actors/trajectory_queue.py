@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 STALE_POLICIES = ("drop", "downweight")
 PUT_RESULTS = ("accepted", "duplicate", "dropped_stale", "dropped_unjudged")  # what a put answers
@@ -136,7 +136,7 @@ def buffer_options(stage: Any) -> dict[str, Any]:
     policy = get("stale_policy")
     return {"capacity": get("buffer_capacity"), "max_staleness": get("max_staleness"),
             "max_turn_staleness": get("max_turn_staleness"),
-            "stale_policy": str(getattr(policy, "value", policy)), "stale_weight": get("stale_weight")}
+            "stale_policy": str(policy), "stale_weight": get("stale_weight")}
 
 
 @dataclass

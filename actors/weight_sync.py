@@ -28,15 +28,15 @@ from typing import Any
 
 import torch
 
-from learner.weight_wire import bucket_layout, flatten_bucket, ipc_handle
 from learner.weights import iter_weight_buckets
+from protocol.weights import bucket_layout, flatten_bucket, ipc_handle
 
 TRANSPORTS = ("object_store", "nccl", "ipc")
 
 
 def resolve_transport(cluster: Any) -> str:
     """The transport ``cluster.weight_sync`` names, or the one ``auto`` picks; checked against the topology."""
-    mode = str(getattr(cluster.weight_sync, "value", cluster.weight_sync))
+    mode = str(cluster.weight_sync)
     gpus = bool(cluster.learner_gpus and cluster.generator_gpus)
     # IPC reaches one GPU: rank 0's, which only a single one-GPU generator shares. Colocated
     # engines on other GPUs share them with other ranks, and NCCL refuses two ranks on one

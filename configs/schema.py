@@ -8,26 +8,26 @@ the two never disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Optional
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     cpp = "cpp"  # C++ CPU kernels, compiled with g++, verified and timed on the CPU
     cuda = "cuda"  # CUDA kernels, compiled with nvcc, verified and timed on a GPU
 
 
-class EnvKind(str, Enum):
+class EnvKind(StrEnum):
     kernel = "kernel"  # the kernel environment (env_pool/): compile, verify and time the agent's kernels
     verifier = "verifier"  # the learning check (env_pool/answer_check.py): a one-word answer the agent writes to a file, checked against a rule
 
 
-class RuleSet(str, Enum):
+class RuleSet(StrEnum):
     strict = "strict"  # this project's rules: float32 within 1e-4, TF32 off, no library computes for a kernel (tasks/rules.py)
     paper = "paper"  # the CUDA Agent paper's: 1e-2, TF32 as torch leaves it, cuBLAS/cuDNN (a BLAS on the CPU) allowed in the candidate's code, nvcc --use_fast_math
 
 
-class StageName(str, Enum):
+class StageName(StrEnum):
     single_turn_ppo = "single_turn_ppo"
     rft = "rft"
     value_pretrain = "value_pretrain"
@@ -35,52 +35,52 @@ class StageName(str, Enum):
     recipe = "recipe"  # all four, in the paper's order
 
 
-class PlacementStrategy(str, Enum):
+class PlacementStrategy(StrEnum):
     PACK = "PACK"  # as few nodes as possible, spilling over when one is full
     SPREAD = "SPREAD"  # across nodes where possible
     STRICT_PACK = "STRICT_PACK"  # all on one node, or fail
     STRICT_SPREAD = "STRICT_SPREAD"  # every bundle on a different node, or fail
 
 
-class WeightSync(str, Enum):
+class WeightSync(StrEnum):
     auto = "auto"  # object_store without GPUs, nccl on separate GPUs, ipc for one one-GPU generator sharing the learner's GPU
     object_store = "object_store"  # CPU tensors through Ray's object store (works everywhere)
     nccl = "nccl"  # a NCCL broadcast from the learner's rank 0 to each generator's GPUs
     ipc = "ipc"  # CUDA IPC handles: learner and generator on the same GPU
 
 
-class StalePolicy(str, Enum):
+class StalePolicy(StrEnum):
     drop = "drop"  # discard trajectories beyond max_staleness
     downweight = "downweight"  # train on them with weight stale_weight ** (versions beyond max_staleness)
 
 
-class StorageMode(str, Enum):
+class StorageMode(StrEnum):
     auto = "auto"  # each node reads and writes storage.root in place where it sees it (a probe file the driver writes), through the object store where it does not
     shared = "shared"  # every node must see storage.root (a shared filesystem): a node that does not fails the run at its start
     object_store = "object_store"  # every node but the driver's goes through the object store, even where it sees storage.root
 
 
-class ActorLogs(str, Enum):
+class ActorLogs(StrEnum):
     file = "file"  # each Ray worker's stdout and stderr (vLLM, transformers, tracebacks) in RUN/logs/worker-PID.log; the terminal shows the progress display and the summary
     console = "console"  # on the driver's terminal, beside the progress display (Ray's default)
 
 
-class KLMode(str, Enum):
+class KLMode(StrEnum):
     penalty = "penalty"  # -kl_coef * (log mu - log ref) added to each generated token's reward (k1)
     loss = "loss"  # kl_coef * KL(policy || reference) added to the loss (k3 estimator)
 
 
-class AdvantageEstimator(str, Enum):
+class AdvantageEstimator(StrEnum):
     gae = "gae"  # generalised advantage estimation with the critic's values (learner/gae.py)
     grpo = "grpo"  # group-relative: (reward - group mean) / group std on every token of the episode (learner/groups.py)
 
 
-class LRSchedule(str, Enum):
+class LRSchedule(StrEnum):
     constant = "constant"  # the full rate after warm-up
     cosine = "cosine"  # cosine decay after warm-up to min_lr_ratio of the rate at the stage's last step
 
 
-class ToolCallFormat(str, Enum):
+class ToolCallFormat(StrEnum):
     hermes = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the text
     openai = "openai"  # OpenAI function calling (OpenAI-compatible endpoints)
 

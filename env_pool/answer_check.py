@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import ray
 
-from env_pool.results import EvalResult, Milestone
+from protocol.results import EvalResult, Milestone
 from tasks.answers import asked_word, opposite
 from tasks.task import Task
 

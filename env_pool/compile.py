@@ -1,7 +1,7 @@
 """The fast compile path: a candidate's kernel source -> a shared library loaded through ctypes.
 
 Device code is compiled without torch headers (extern "C" launchers), which costs about a
-second instead of the minute that torch/extension.h costs (DESIGN.md, "Measured here"). The
+second instead of the minute that torch/extension.h costs on these machines. The
 candidate's ``model_new.py`` loads the resulting ``.so`` with ctypes.
 
 Compiles are content-addressed: identical sources, flags, target and toolchain give the same

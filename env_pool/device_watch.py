@@ -32,8 +32,8 @@ from typing import Callable
 
 from env_pool.evaluate import EvalContext
 from env_pool.harness import out_of_memory
-from env_pool.results import EvalResult
 from env_pool.sandbox import SandboxError, SandboxLimits, run_sandboxed
+from protocol.results import EvalResult
 
 PROBE_OK = "cuda-agent-probe-ok"
 PROBE = (

@@ -34,9 +34,9 @@ from env_pool.code_sampler import EXTENSIONS, TooManyLibraries, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
-from env_pool.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from protocol.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from tasks.rules import rules_named
 from tasks.solution import FIXED_FILES, SOLUTION_FILE, solution_file_name_ok, uses_extension_module
 from tasks.task import Task
@@ -196,7 +196,7 @@ async def evaluate(ctx: EvalContext, task: Task, files: Mapping[str, str], mode:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     start = time.perf_counter()
-    backend = str(getattr(ctx.cfg.backend, "value", ctx.cfg.backend))
+    backend = str(ctx.cfg.backend)
     result = EvalResult(task_id=task.id, backend=backend)
     scratch = ctx.work_dir / "scratch" / uuid.uuid4().hex
     private = ctx.reference_dir / "private" / uuid.uuid4().hex
@@ -223,7 +223,7 @@ async def measure_baselines(ctx: EvalContext, task: Task) -> Baseline | str:
     trusted server, protocol and plausibility rules as a task's first full evaluation, without a
     candidate. For sweeps that compare the environment's baselines with published ones.
     """
-    backend = str(getattr(ctx.cfg.backend, "value", ctx.cfg.backend))
+    backend = str(ctx.cfg.backend)
     key = (task.id, backend)
     if key in ctx.baselines:
         return ctx.baselines[key]
@@ -504,7 +504,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     pinned = backend == "cpp" or bool(cfg.code_sampling)
     required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if pinned else [])
     payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
-               "rules": str(getattr(cfg.rules, "value", cfg.rules)),
+               "rules": str(cfg.rules),
                "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
                "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
                "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "baseline_memory_mb": int(cfg.baseline_memory_limit_mb), "warm_servers": int(cfg.warm_servers),

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from env_pool.results import Violation
+from protocol.results import Violation
 
 # Ops ModelNew.forward may call: allocation, views, layout and plain copies. Anything else is
 # torch computing the answer for the candidate. Names are aten overload packets.

@@ -52,13 +52,13 @@ import torch
 from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable, judge
 from env_pool.inputs import ADVERSARIAL, adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
-from env_pool.results import InputCheck, Timing
 from env_pool.readout import Unreadable, read_arena, read_process
 from env_pool.rounds import DONE, GO, NOWHERE, OUTS, READY, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.sandbox import SandboxError, SandboxOutcome
-from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.seccomp import KILL_SIGNAL
+from env_pool.server_pool import Server, ServerPools, ServerSpec, log
 from env_pool.verify import Variation, check_outputs
+from protocol.results import InputCheck, Timing
 from tasks.discriminate import Discrimination, plan, transform_inputs
 from tasks.rules import rules_named
 from tasks.task import Task, build_problem

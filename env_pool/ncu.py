@@ -32,8 +32,8 @@ from typing import Mapping
 import msgpack
 
 from env_pool.evaluate import EvalContext, _compile_step, write_candidate
-from env_pool.results import EvalResult
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
+from protocol.results import EvalResult
 from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
 
@@ -191,7 +191,7 @@ def counters_admin_only() -> bool:
 
 def unavailable_reason(ctx: EvalContext) -> str:
     """Why ncu cannot run on this worker, or "" when it can."""
-    backend = str(getattr(ctx.cfg.backend, "value", ctx.cfg.backend))
+    backend = str(ctx.cfg.backend)
     if backend != "cuda":
         return f"unavailable: ncu profiles CUDA kernels, and this worker's backend is {backend}"
     if not any(n.startswith("nvidia") and n[6:].isdigit() for n in _dev_names()):

@@ -26,9 +26,9 @@ from env_pool.device_watch import DeviceWatch
 from env_pool.evaluate import EvalContext, cpu_share, evaluate
 from env_pool.ncu import ncu_summary
 from env_pool.reference_profile import ReferenceProfiles
-from env_pool.results import EvalResult
 from env_pool.reward import apply_reward
 from env_pool.sandbox_watchdog import move_threads
+from protocol.results import EvalResult
 from tasks.task import Task
 
 log = logging.getLogger("cuda_agent.env")
@@ -90,7 +90,7 @@ class EnvPool:
         self.slots = asyncio.Semaphore(max_pending)
         self.stats = WorkerStats()
         # After a timeout or infra failure on a GPU: is the device hung? (env_pool/device_watch.py)
-        self.watch = DeviceWatch(self.ctx, enabled=str(getattr(self.ctx.cfg.backend, "value", self.ctx.cfg.backend)) == "cuda")
+        self.watch = DeviceWatch(self.ctx, enabled=str(self.ctx.cfg.backend) == "cuda")
         self.watch.attach()
         self.reference_profiles = ReferenceProfiles()  # per task: the reference does not change
         self._busy_since: float | None = None
@@ -126,7 +126,7 @@ class EnvPool:
         self.ctx.close()
 
     def _refused(self, task: Task) -> EvalResult:
-        result = EvalResult(task_id=task.id, backend=str(getattr(self.ctx.cfg.backend, "value", self.ctx.cfg.backend)),
+        result = EvalResult(task_id=task.id, backend=str(self.ctx.cfg.backend),
                             failure="infra", message=f"this worker's device is unhealthy ({self.ctx.unhealthy}); "
                                                      "retry the evaluation on another worker")
         return apply_reward(result, self.ctx.cfg.reward)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from env_pool.results import Timing
+from protocol.results import Timing
 
 # Larger than any last-level cache we time on (H100: 50 MB L2; server CPUs: tens of MB of L3),
 # so each repetition starts cold, as a kernel in a real network would.

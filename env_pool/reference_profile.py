@@ -76,7 +76,7 @@ async def profile_reference(ctx: EvalContext, task: Task) -> dict[str, Any]:
 
 
 def _backend(ctx: EvalContext) -> str:
-    return str(getattr(ctx.cfg.backend, "value", ctx.cfg.backend))
+    return str(ctx.cfg.backend)
 
 
 # ----------------------------------------------------------------------------- child side

@@ -14,7 +14,7 @@ import struct
 import torch
 
 from configs.schema import RewardConfig
-from env_pool.results import EvalResult, Milestone, Timing
+from protocol.results import EvalResult, Milestone, Timing
 
 RESAMPLES = 2000  # bootstrap resamples of each pair of timings: the interval's ends move by under 1% between seeds
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from env_pool.results import InputCheck
+from protocol.results import InputCheck
 from tasks.task import Task
 
 

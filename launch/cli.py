@@ -49,7 +49,7 @@ def _point_at_worker_output(cfg, run_dir, since: float) -> None:
     their last traceback."""
     from actors.run_logs import failure_report
 
-    if str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file":
+    if str(cfg.logging.actor_logs) == "file":
         report = failure_report(run_dir, since)
         if report:
             err_console.print(report, markup=False, highlight=False)
@@ -296,7 +296,7 @@ def cmd_episode(args: argparse.Namespace) -> int:
     # The engine runs in this process here, not in an actor: quieted as the actors are, before
     # vLLM and transformers are imported (they read their levels then), and what they print
     # anyway (Triton, NUMA, FutureWarnings, the engine core's start-up) goes to the run's logs/.
-    to_file = str(getattr(cfg.logging.actor_logs, "value", cfg.logging.actor_logs)) == "file"
+    to_file = str(cfg.logging.actor_logs) == "file"
     log_file = worker_log_dir(cfg.logging.out_dir) / f"episode-{os.getpid()}.log"
     if to_file:
         quiet_libraries()

@@ -140,12 +140,8 @@ def diagnose(cfg: Any = None, config: str = "defaults") -> DoctorReport:
     return report
 
 
-def _value(x: Any) -> str:
-    return str(getattr(x, "value", x))
-
-
 def _backend_need(cfg: Any, report: DoctorReport) -> Need:
-    backend = _value(cfg.env.backend)
+    backend = str(cfg.env.backend)
     state = report.backends[backend]
     if backend == "cpp":
         return Need("env.backend=cpp", state == "ok", "g++ and torch" if state == "ok" else state,

@@ -8,10 +8,10 @@ from omegaconf import OmegaConf
 
 from env_pool.pool import EnvPool
 from launch.embedded_model import resolve_policy
+from protocol.trajectory import Trajectory
 from rollout.env_client import LocalEnvClient
 from rollout.episode_runner import EpisodeRunner, jobs_for
 from rollout.policy import make_policy
-from rollout.trajectory import Trajectory
 
 
 async def run_single_episode(cfg: Any, task: Any, policy_spec: str, out: str | None,

@@ -45,12 +45,13 @@ from actors.storage import RunStorage, absolute_spec
 from actors.system import retry_while_restarting, start_env_workers
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
 from configs.load import ConfigError
-from env_pool.results import EvalResult, Milestone
 from launch.embedded_model import resolve_policy
+from protocol.records import RecordWriter, read_records
+from protocol.results import EvalResult, Milestone
 from rollout.env_client import RayEnvClient
 from tasks.loader import load_tasks
-from tasks.task import Task, TaskError
 from tasks.solution import read_solution, write_solution
+from tasks.task import Task, TaskError
 
 log = logging.getLogger("cuda_agent.eval")
 
@@ -72,39 +73,6 @@ def latest_records(records: list[dict[str, Any]], key: str = "episode_id") -> li
         latest.pop(r[key], None)
         latest[r[key]] = r
     return list(latest.values())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every whole record of a JSONL file; a torn last line (a killed run) is skipped."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s: skipping a line that does not parse (a run killed mid-write?)", path)
-    return records
-
-
-class JsonlWriter:
-    """Appends one record per line, flushed at once; cuts a torn last line before the first append."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                with open(path, "r+b") as f:
-                    f.truncate(data.rfind(b"\n") + 1)
-        self.file = open(path, "a")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def recorded_identity(out: Path, identity: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +253,9 @@ class Sweep:
         return 1 if self.policy.startswith("solutions:") else int(self.cfg.eval.samples_per_task)
 
     def identity(self) -> dict[str, Any]:
-        return {"policy": self.policy, "backend": str(getattr(self.cfg.env.backend, "value", self.cfg.env.backend)),
+        return {"policy": self.policy, "backend": str(self.cfg.env.backend),
                 "max_turns": int(self.cfg.eval.max_turns), "compile_mode": str(self.cfg.env.compile_mode),
-                "rules": str(getattr(self.cfg.env.rules, "value", self.cfg.env.rules)),
+                "rules": str(self.cfg.env.rules),
                 "confidence": float(self.cfg.env.reward.confidence)}
 
 
@@ -369,7 +337,7 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     cfg, out = sweep.cfg, sweep.out
     check_identity(out, sweep.identity())
     record_machine(out, sweep.identity()["backend"])
-    records = latest_records(read_jsonl(out / RESULTS))
+    records = latest_records(read_records(out / RESULTS))
     # An infra failure is the environment's fault, not the policy's: a rerun tries those episodes again.
     done = {r["episode_id"] for r in records if r["failure"] != "infra"}
     records = [r for r in records if r["episode_id"] in done]
@@ -389,7 +357,7 @@ def run_sweep(sweep: Sweep, progress: bool = True, console: Console | None = Non
     try:
         # No policy: only env workers do anything, each on a GPU of its own.
         reservation = reserve(plan_resources(cfg, learner=False, with_generators=not sweep.solutions))
-        writer = JsonlWriter(out / RESULTS)
+        writer = RecordWriter(out / RESULTS)
         try:
             with SweepProgress(sweep, records, progress, console) as bar:
                 def finished(record: dict[str, Any]) -> None:
@@ -534,7 +502,7 @@ def pending_passes(sweep: Sweep, records: list[dict[str, Any]]) -> list[tuple[st
                        int(cfg.eval.audit_min_milestone)))
     pending = []
     for name, file, overrides, min_milestone in passes:
-        done = {r["solution_hash"] for r in read_jsonl(out / file) if r["failure"] != "infra"}
+        done = {r["solution_hash"] for r in read_records(out / file) if r["failure"] != "infra"}
         todo = [r for h, r in unique_solutions(records, min_milestone).items() if h not in done and r["task_id"] in task_ids]
         if todo:
             pending.append((name, file, overrides, todo))
@@ -549,7 +517,7 @@ async def post_passes(sweep: Sweep, reservation: Reservation, records: list[dict
         log.info("%s: evaluating %d solution(s) on fresh env workers", name, len(todo))
         env_cfg = OmegaConf.to_container(OmegaConf.merge(cfg.env, overrides), enum_to_str=True)
         workers = start_env_workers(reservation, env_cfg)
-        writer = JsonlWriter(out / file)
+        writer = RecordWriter(out / file)
         try:
             env = RayEnvClient(workers)
 

@@ -29,7 +29,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from launch.eval import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records, read_jsonl
+from launch.eval import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records
+from protocol.records import read_records
 from tasks.loader import numbered
 from tasks.rules import rules_named
 from tasks.solution import read_solution
@@ -493,11 +494,11 @@ def render_html(summary: dict[str, Any], identity: dict[str, Any], max_autotune_
 def write_report(out: Path, cfg: Any, tasks: list[Any], identity: dict[str, Any]) -> dict[str, Path]:
     """report.md, report.html and summary.json from the sweep's files, for the problems of ``tasks``."""
     ids = {t.id for t in tasks}
-    records = [r for r in latest_records(read_jsonl(out / RESULTS)) if r["task_id"] in ids]
+    records = [r for r in latest_records(read_records(out / RESULTS)) if r["task_id"] in ids]
     if not records:
         return {}
     max_autotune_on = bool(cfg.eval.max_autotune)
-    audits, autotune = (latest_records(read_jsonl(out / f), "solution_hash") for f in (AUDIT, AUTOTUNE))
+    audits, autotune = (latest_records(read_records(out / f), "solution_hash") for f in (AUDIT, AUTOTUNE))
     summary = summarize(records, audits, autotune, list(cfg.eval.pass_k), max_autotune_on)
     sweep_file = out / SWEEP
     identity = {**identity, "machines": json.loads(sweep_file.read_text()).get("machines", []) if sweep_file.exists() else []}

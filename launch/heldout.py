@@ -20,7 +20,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from configs.load import ConfigError
-from env_pool.results import Milestone
+from protocol.results import Milestone
 from tasks.loader import load_tasks
 from tasks.task import Task
 

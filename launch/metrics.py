@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from protocol.records import cut_torn_line, read_records
+
 log = logging.getLogger("cuda_agent.metrics")
 
 METRICS_FILE = "metrics.jsonl"
@@ -72,18 +74,7 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def read_metrics(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of out_dir/metrics.jsonl in order; a torn last line (a crash mid-write) is skipped."""
-    path = Path(out_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
+    return [r for r in read_records(Path(out_dir) / METRICS_FILE) if isinstance(r, dict) and isinstance(r.get("step"), int)]
 
 
 class MetricsSink:
@@ -110,13 +101,13 @@ class MetricsSink:
         records = read_metrics(self.out_dir)
         kept = records if resume_step is None else [r for r in records if r["step"] <= resume_step]
         path = self.out_dir / METRICS_FILE
-        # A torn last line (a crash mid-write) would glue onto the next record: rewrite without it.
-        if path.exists() and (len(kept) != len(records) or _has_torn_line(path)):
+        if len(kept) != len(records):  # resumed before the last step logged: its later records go
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, path)  # atomic: a crash here leaves the old file or the new one
-            if resume_step is not None:
-                log.info("metrics: resumed at step %d, removed %d later record(s)", resume_step, len(records) - len(kept))
+            log.info("metrics: resumed at step %d, removed %d later record(s)", resume_step, len(records) - len(kept))
+        else:
+            cut_torn_line(path)  # it would glue onto the next record
         return resume_step if resume_step is not None else max((r["step"] for r in kept), default=None)
 
     def log(self, step: int, metrics: Mapping[str, Any], stage: str | None = None) -> bool:
@@ -159,7 +150,3 @@ class MetricsSink:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _has_torn_line(path: Path) -> bool:
-    text = path.read_text()
-    return bool(text) and not text.endswith("\n")

@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from env_pool.results import EvalResult, Milestone
 from launch.metrics import MILESTONE_RATES, REWARD, SKIPPED, read_metrics
 from launch.plots import PLOTS
-from rollout.trajectory import Trajectory
+from protocol.results import EvalResult, Milestone
+from protocol.trajectory import Trajectory
 
 MILESTONE_STYLE = {
     Milestone.FAIL: "red",

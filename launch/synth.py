@@ -75,7 +75,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
     console = console or Console(stderr=True)
     out = Path(s.out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    backend = str(s.backend.value if hasattr(s.backend, "value") else s.backend)
+    backend = str(s.backend)
     window = tuple(float(v) for v in (s.window_ms_cuda if backend == "cuda" else s.window_ms_cpp))
     ops, excluded = crawl()
     write_catalogue(out / "catalogue.json", ops, excluded)

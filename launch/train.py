@@ -35,13 +35,13 @@ import ray
 
 from actors.buffer_client import fetch
 from actors.grouping import GroupAssembler
-from configs.load import ConfigError
 from actors.jobs import JobFeeder, TaskSampler
 from actors.run_logs import ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage
 from actors.system import LearnerDied, System, retry_while_restarting, start_system
 from actors.topology import plan_resources, reserve, start_cluster
+from configs.load import ConfigError
 from launch.embedded_model import resolve_model_path
 from launch.heldout import HeldOutEval
 from launch.metrics import SKIPPED, MetricsSink, episode_metrics
@@ -49,6 +49,7 @@ from launch.plots import write_plots
 from launch.progress import ProgressDisplay
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories
+from protocol.records import RecordWriter
 from tasks.answers import answer_tasks
 from tasks.loader import load_tasks
 
@@ -107,7 +108,7 @@ def check_learner_ranks(cfg: Any, ranks: int) -> None:
 
 
 def check_groups(cfg: Any) -> None:
-    s, advantage = cfg.stage, str(getattr(cfg.learner.advantage, "value", cfg.learner.advantage))
+    s, advantage = cfg.stage, str(cfg.learner.advantage)
     if s.group_size < 1 or s.batch_episodes % s.group_size:
         raise ConfigError(f"stage.batch_episodes={s.batch_episodes} must be a positive multiple of "
                           f"stage.group_size={s.group_size}: a step trains on whole groups")
@@ -130,7 +131,7 @@ def critic_folder(path: str | None) -> str | None:
 def training_tasks(cfg: Any) -> tuple[list, list]:
     """The stage's tasks and the files that failed to load: kernel problems, or with env.kind=verifier
     the learning check's questions (tasks/answers.py)."""
-    if str(getattr(cfg.env.kind, "value", cfg.env.kind)) == "verifier":
+    if str(cfg.env.kind) == "verifier":
         return answer_tasks(cfg.env.verifier.answer_file), []
     return load_tasks(list(cfg.stage.tasks))
 
@@ -162,7 +163,7 @@ def train(cfg: Any) -> Path:
                                               f"DeepSpeed learner ({engine_wait(cfg)})",
                                      start_system(cfg, plan, reservation, model, storage)))
         try:
-            for stage in stages_of(str(getattr(cfg.stage.name, "value", cfg.stage.name))):
+            for stage in stages_of(str(cfg.stage.name)):
                 if stage not in state.done:
                     asyncio.run(run_stage(stage, cfg, system, tasks, state, model, out, heldout, display))
         finally:
@@ -380,9 +381,9 @@ async def first_of(ref: Any, background: asyncio.Task | None) -> Any:
 
 def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]]) -> None:
     """One line per trained episode: the audit trail of what the learner saw, and when."""
-    with open(out / "episodes.jsonl", "a") as f:
+    with RecordWriter(out / "episodes.jsonl") as records:
         for e in episodes:
-            f.write(json.dumps({"step": step, "stage": stage, **e}) + "\n")
+            records.write({"step": step, "stage": stage, **e})
 
 
 async def synchronous_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
@@ -481,7 +482,7 @@ async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, b
     if len(pairs) >= ranks:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
         items = [i for i, _ in pairs]
         advantages = None
-        if keys is not None and str(getattr(cfg.learner.advantage, "value", cfg.learner.advantage)) == "grpo":
+        if keys is not None and str(cfg.learner.advantage) == "grpo":
             advantages = group_advantages([t.reward for _, t in pairs], keys)
         async with display.watched_phase(f"training on {len(items)} episodes"):
             metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],

@@ -11,5 +11,4 @@
     value_pretrain.py  ValuePretrainer.step: fit the critic to a fixed policy's returns
     checkpoint.py      save / resume (weights, optimiser, scheduler, RNG, counters), HF export
     weights.py         size-bounded weight buckets for hot-swapping into the generators
-    weight_wire.py     how a bucket travels to vLLM's workers (flat buffer + layout, IPC handle)
 """

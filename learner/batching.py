@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 
 class BatchError(ValueError):

@@ -43,7 +43,7 @@ from learner.losses import kl_k3, kl_penalty, policy_loss, token_mean, value_los
 from learner.models import (Critic, critic_values, load_policy, load_reference, resolve_attention, resolve_dtype, row_tokens,
                             score_batch, score_tokens)
 from learner.sequence_parallel import local_slice, pack_rows, reduce_sums
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 
 @dataclass
@@ -240,7 +240,7 @@ class PPOTrainer:
 
 
 def _advantage(cfg: LearnerConfig) -> AdvantageEstimator:
-    return AdvantageEstimator(getattr(cfg.advantage, "value", cfg.advantage))
+    return AdvantageEstimator(cfg.advantage)
 
 
 def episode_token_advantages(batch: FlatBatch, episode_advantages: list[float] | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from learner import sequence_parallel
 from learner.batching import flatten, split_minibatches
 from learner.losses import token_mean
 from learner.models import load_policy, resolve_attention, resolve_dtype, row_tokens, score_tokens
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 
 LOOP_PERIODS = 4  # the longest cycle of turns looked for (A, B, A, B is a loop of period 2)

@@ -22,7 +22,7 @@ from learner.gae import batch_advantages, explained_variance
 from learner.models import Critic, resolve_attention, resolve_dtype, row_tokens, score_batch
 from learner.ppo import Sums, update_critic
 from learner.sequence_parallel import pack_rows
-from rollout.trajectory import Trajectory
+from protocol.trajectory import Trajectory
 
 
 def value_targets(batch, old_values: torch.Tensor, cfg: LearnerConfig) -> torch.Tensor:

@@ -15,6 +15,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from protocol.weights import size_bounded
+
 
 def _nbytes(param: torch.Tensor) -> int:
     numel = getattr(param, "ds_numel", None)  # a ZeRO-3 parameter's full size; .numel() is its shard
@@ -28,22 +30,11 @@ def iter_weight_buckets(module: nn.Module, bucket_bytes: int) -> Iterator[list[t
     Every rank must iterate (the ZeRO-3 gathers are collective). The tensors are valid until
     the next optimiser step (ZeRO-2) or are private copies (ZeRO-3).
     """
-    if bucket_bytes <= 0:
-        raise ValueError(f"weight bucket size must be positive, got {bucket_bytes} bytes")
     from deepspeed import DeepSpeedEngine
 
     if isinstance(module, DeepSpeedEngine):
         module = module.module
-    bucket: list[tuple[str, nn.Parameter]] = []
-    size = 0
-    for name, param in module.named_parameters():
-        n = _nbytes(param)
-        if bucket and size + n > bucket_bytes:
-            yield _materialise(bucket)
-            bucket, size = [], 0
-        bucket.append((name, param))
-        size += n
-    if bucket:
+    for bucket in size_bounded(module.named_parameters(), lambda item: _nbytes(item[1]), bucket_bytes):
         yield _materialise(bucket)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from env_pool.results import EvalResult
+from protocol.results import EvalResult
 from tasks.task import Task
 
 

@@ -24,14 +24,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from env_pool.results import EvalResult
+from protocol.results import EvalResult
+from protocol.trajectory import Segment, ToolCall, Trajectory, Turn
 from rollout.chat import ChatFormat
 from rollout.parser import ParseResult, from_openai_tool_calls, parse_tool_calls
 from rollout.policy import Generation, GenerationRequest, Policy
 from rollout.tool_results import ToolResult
 from rollout.tool_specs import format_tool_prompt
 from rollout.toolbox import ToolBox
-from rollout.trajectory import Segment, ToolCall, Trajectory, Turn
 
 ELIDED = "[observation elided to fit the context budget ({chars} characters); call the tool again if you need it]"
 # Short: it follows every turn without a call, and each of its tokens is context every later turn attends to.
@@ -59,7 +59,7 @@ class EpisodeSettings:
             max_context_tokens=rollout.max_context_tokens,
             max_new_tokens=rollout.max_new_tokens,
             timeout_s=rollout.episode_timeout_s,
-            tool_call_format=str(getattr(rollout.tool_call_format, "value", rollout.tool_call_format)),
+            tool_call_format=str(rollout.tool_call_format),
             keep_recent_observations=rollout.keep_recent_observations,
             min_new_tokens=rollout.min_new_tokens,
             max_turns_without_call=rollout.max_turns_without_call,

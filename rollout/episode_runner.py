@@ -18,12 +18,12 @@ from typing import Any, AsyncIterator, Iterable
 from asyncio_throttle import Throttler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from protocol.trajectory import Trajectory
 from rollout.env_client import EnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest, Policy
 from rollout.skill import skill_text
 from rollout.toolbox import ToolBox
-from rollout.trajectory import Trajectory
 from rollout.workspace import Workspace, default_root
 
 
@@ -155,15 +155,15 @@ class EpisodeRunner:
         settings = EpisodeSettings.from_config(cfg.rollout, cfg.env.reward.failure, max_turns)
         return cls(
             policy, env, settings,
-            backend=str(getattr(cfg.env.backend, "value", cfg.env.backend)),
+            backend=str(cfg.env.backend),
             workspace_root=default_root(cfg.env.work_dir),
             observation_max_chars=cfg.rollout.observation_max_chars,
             episodes_in_flight=episodes_in_flight or cfg.rollout.episodes_in_flight,
             generate_rate=cfg.rollout.generation_rps,
             skill_in_prompt=cfg.rollout.skill_in_prompt,
             keep_solution=keep_solution,
-            rules=str(getattr(cfg.env.rules, "value", cfg.env.rules)),
-            answer_file=cfg.env.verifier.answer_file if str(getattr(cfg.env.kind, "value", cfg.env.kind)) == "verifier" else None,
+            rules=str(cfg.env.rules),
+            answer_file=cfg.env.verifier.answer_file if str(cfg.env.kind) == "verifier" else None,
         )
 
     async def run_one(self, job: Job) -> Trajectory:

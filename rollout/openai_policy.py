@@ -63,7 +63,7 @@ class OpenAIPolicy:
         r = cfg.rollout
         return cls(base_url, model, api_key_env=r.openai_api_key_env, timeout_s=r.openai_timeout_s,
                    retries=r.openai_retries, requests_per_s=r.generation_rps, temperature=r.temperature,
-                   top_p=r.top_p, function_calling=str(getattr(r.tool_call_format, "value", r.tool_call_format)) == "openai")
+                   top_p=r.top_p, function_calling=str(r.tool_call_format) == "openai")
 
     async def generate(self, request: GenerationRequest) -> Generation:
         model = self.model or await self._first_model()

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from rollout.trajectory import ToolCall
+from protocol.trajectory import ToolCall
 
 FORMATS = ("hermes", "openai")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -33,7 +33,7 @@ class ParseResult:
 
 def parse_tool_calls(text: str, fmt: str = "hermes") -> ParseResult:
     """Tool calls written in a model's text. ``fmt="openai"`` has none in the text: see from_openai_tool_calls."""
-    fmt = str(getattr(fmt, "value", fmt))
+    fmt = str(fmt)
     if fmt == "openai":
         return ParseResult(content=text)  # the endpoint returns the calls structured, beside the text
     if fmt != "hermes":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from env_pool.results import EvalResult, Milestone
+from protocol.results import EvalResult, Milestone
 
 MESSAGE_MAX_CHARS = 1500  # of an evaluation's message: the first errors say what to fix; the rest is noise
 

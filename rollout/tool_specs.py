@@ -79,7 +79,7 @@ def format_tool_prompt(schemas: list[dict[str, Any]], fmt: str) -> str:
     such models were trained on); "openai" endpoints get the schemas in the request's
     ``tools`` field, so the prompt only reminds the model to use them.
     """
-    fmt = str(getattr(fmt, "value", fmt))
+    fmt = str(fmt)
     if fmt == "openai":
         return "Use the provided tools (function calling) for every action; call submit when you are done."
     if fmt != "hermes":

@@ -15,11 +15,11 @@ import os
 import stat
 from typing import Any
 
-from env_pool.results import EvalResult, Milestone
+from protocol.results import EvalResult, Milestone
+from protocol.trajectory import ToolCall
 from rollout.env_client import EnvClient
 from rollout.tool_results import ToolResult, eval_summary, format_eval, format_profile, truncate
 from rollout.tool_specs import BY_NAME, TOOLS, check_arguments, usage
-from rollout.trajectory import ToolCall
 from rollout.workspace import Workspace, WorkspaceError
 from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
@@ -34,7 +34,7 @@ class ToolBox:
     def __init__(self, task: Task, workspace: Workspace, env: EnvClient, backend: str, observation_max_chars: int = 4000,
                  answer_file: str | None = None):
         self.task, self.workspace, self.env = task, workspace, env
-        self.backend = str(getattr(backend, "value", backend))
+        self.backend = str(backend)
         self.max_chars = observation_max_chars
         # The learning check (env.kind=verifier) judges one answer file: the agent writes it and
         # submits; the kernel tools would only be ways to fail.

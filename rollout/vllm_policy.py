@@ -31,8 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator
 
+from protocol.weights import pack_buckets
 from rollout.policy import Generation, GenerationRequest, PolicyError
-from rollout.weight_packing import pack_tensors
 
 WORKER_EXTENSION = "rollout.vllm_worker_ext.WeightUpdateExtension"
 SWAP_MODES = ("wait", "keep")
@@ -188,8 +188,8 @@ class VLLMPolicy:
         messages (the object-store / CPU path).
         """
         async def stage() -> None:
-            for bucket in pack_tensors(self._checked(named_tensors), self.bucket_bytes):
-                await self._rpc("cuda_agent_stage_packed", f"staging weights for version {version}", bucket)
+            for layout, data in pack_buckets(self._checked(named_tensors), self.bucket_bytes):
+                await self._rpc("cuda_agent_stage_packed", f"staging weights for version {version}", layout, data)
 
         return await self._swap(stage, version)
 

@@ -16,8 +16,8 @@ one reload matters: the reload processes a layer from whatever it received, so a
 across two reloads would be processed half-loaded.
 
 Transports, each a staging method that ends in ``_cuda_agent_stage``:
-- ``cuda_agent_stage_packed``: tensors travel inside the RPC message as raw bytes (the CPU
-  path, and a fallback anywhere; rollout/weight_packing.py).
+- ``cuda_agent_stage_packed``: the flat bucket travels inside the RPC message as bytes, beside
+  its layout (the CPU path, and a fallback anywhere).
 - ``cuda_agent_stage_nccl``: the learner's rank 0 broadcasts each bucket, flattened into one
   byte buffer, over a NCCL group of itself and this engine's workers (``cuda_agent_join_group``
   sets it up once; vLLM's own StatelessProcessGroup and PyNcclCommunicator, which leave
@@ -25,8 +25,7 @@ Transports, each a staging method that ends in ``_cuda_agent_stage``:
   only the bucket's layout. For a learner on other GPUs.
 - ``cuda_agent_stage_ipc``: the learner shares each flattened bucket as a CUDA IPC handle and
   the worker copies it out of the learner's memory. For a learner on the same GPU (colocated).
-The last two receive the learner's flat buckets in its wire format (learner/weight_wire.py),
-the one learner module this one may import.
+All three receive the one wire format of protocol/weights.py: a flat byte buffer and its layout.
 
 Every method returns a status dict instead of raising: an exception inside a worker RPC
 can take the engine down with it, and a failed swap must leave a serving engine behind.
@@ -38,8 +37,7 @@ import traceback
 
 import torch
 
-from learner.weight_wire import open_ipc_handle, unflatten_bucket  # the learner's wire format: a declared boundary
-from rollout.weight_packing import unpack_tensors
+from protocol.weights import open_ipc_handle, unflatten_bucket, unpack_bucket
 
 
 def _failure(what: str, e: BaseException) -> dict:
@@ -49,10 +47,10 @@ def _failure(what: str, e: BaseException) -> dict:
 class WeightUpdateExtension:
     """Mixed into vLLM's worker (CPU or GPU): self.model_runner is the worker's."""
 
-    def cuda_agent_stage_packed(self, packed: list) -> dict:
-        """Stage a bucket of packed tensors (Hugging Face names) for the next commit."""
+    def cuda_agent_stage_packed(self, layout: list, data: bytes) -> dict:
+        """Stage a packed bucket (its layout, its flat buffer's bytes; Hugging Face names) for the next commit."""
         try:
-            tensors = list(unpack_tensors(packed))
+            tensors = unpack_bucket(layout, data)
         except Exception as e:
             return _failure("unpacking staged weights", e)
         self._cuda_agent_stage(tensors)

@@ -57,7 +57,7 @@ class Workspace:
     @classmethod
     def create(cls, root: str | Path, episode_id: str, task: Task, backend: str, skill_text: str) -> "Workspace":
         """A fresh workspace for one episode (one left by an earlier run of the same id is replaced)."""
-        backend = str(getattr(backend, "value", backend))  # configs.schema.Backend or its name
+        backend = str(backend)  # configs.schema.Backend or its name
         if backend not in KERNEL_FILES:
             raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(KERNEL_FILES)}")
         if not _EPISODE_ID.match(episode_id) or ".." in episode_id:

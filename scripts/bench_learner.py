@@ -71,7 +71,7 @@ def synthetic_trajectories(count: int, length: int, turns: int, generated_fracti
     """Prompt, then ``turns`` model turns separated by tool output, ``length`` tokens in all."""
     import torch
 
-    from rollout.trajectory import Segment, Trajectory, Turn
+    from protocol.trajectory import Segment, Trajectory, Turn
 
     g = torch.Generator().manual_seed(version)
     per_turn = max(1, int(length * generated_fraction) // turns)

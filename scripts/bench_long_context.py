@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -69,8 +68,8 @@ def generate(args: argparse.Namespace) -> dict:
     from omegaconf import OmegaConf
 
     from configs.schema import Config
+    from protocol.trajectory import Segment, Trajectory, Turn
     from rollout.policy import GenerationRequest
-    from rollout.trajectory import Segment, Trajectory, Turn
     from rollout.vllm_policy import VLLMPolicy
 
     cfg = OmegaConf.merge(OmegaConf.structured(Config), {
@@ -107,7 +106,7 @@ def generate(args: argparse.Namespace) -> dict:
 
 
 def read_episodes(path: str) -> list:
-    from rollout.trajectory import Trajectory
+    from protocol.trajectory import Trajectory
 
     data, out, at = Path(path).read_bytes(), [], 0
     while at < len(data):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from protocol.records import read_records  # noqa: E402
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -32,7 +34,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def summarise(metrics_file: Path, wall_s: float) -> dict:
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = read_records(metrics_file)
     timed = rows[1:] if len(rows) > 1 else rows
     span = timed[-1]["time"] - rows[0]["time"] if len(rows) > 1 else 0.0
     mean = lambda key: sum(r.get(key) or 0.0 for r in timed) / len(timed)  # noqa: E731

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's packages
 
+from protocol.records import read_records  # noqa: E402
 from tasks.loader import load_tasks, numbered  # noqa: E402
 
 FILES = {"eager": "baseline_time_torch.json", "compile": "baseline_time_torch_compile_inductor_default.json"}
@@ -52,11 +53,7 @@ def load_ours(runs: list[Path]) -> dict[str, dict]:
     ours: dict[str, dict] = {}
     for run in runs:
         for path in [run / "results.jsonl", *sorted(run.glob("baselines-gpu*.jsonl"))]:
-            for line in path.read_text().splitlines() if path.exists() else []:
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:  # a torn last line (a killed run)
-                    continue
+            for r in read_records(path):
                 if r.get("eager_ms"):
                     ours[problem_key(r["level"], r["task_id"])] = {
                         "eager": r["eager_ms"], "compile": r.get("compiled_ms") or 0.0,

@@ -40,6 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from env_pool.evaluate import cpu_share  # noqa: E402
 from env_pool.server_pool import compile_env  # noqa: E402
+from protocol.records import read_records  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -48,24 +49,11 @@ COMPILED, RESULTS = "compiled.jsonl", "baselines-gpu{}.jsonl"
 WORKER_ENV = {"warm_servers": 0, "warm_baseline_servers": 3}  # no candidates here; trusted servers started ahead
 
 
-def read_lines(path: Path) -> list[dict]:
-    """Every whole JSON line of ``path`` (a torn last line from a kill is skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
-
-
 def measured(out: Path) -> dict[str, dict]:
     """task id -> its latest record with a baseline, over every worker's file."""
     done: dict[str, dict] = {}
     for path in sorted(out.glob(RESULTS.format("*"))):
-        for r in read_lines(path):
+        for r in read_records(path):
             if r.get("eager_ms"):
                 done[r["task_id"]] = r
     return done
@@ -104,7 +92,7 @@ def compile_all(args, tasks: list, inductor: Path, progress: Progress) -> None:
     from env_pool.baseline_compile import forget_autotuning
 
     log = args.out / COMPILED
-    done = {r["id"] for r in read_lines(log) if r.get("ok")} | set(measured(args.out))
+    done = {r["id"] for r in read_records(log) if r.get("ok")} | set(measured(args.out))
     todo = [t for t in tasks if t.id not in done]
     bar = progress.add_task("compile ahead", total=len(tasks), completed=len(tasks) - len(todo))
     procs = max(1, min(args.compile_procs, len(todo)))
@@ -240,7 +228,7 @@ def time_all(args, tasks: list, progress: Progress) -> None:
 
 
 def _lines(out: Path) -> int:
-    return sum(len(read_lines(p)) for p in out.glob(RESULTS.format("*")))
+    return sum(len(read_records(p)) for p in out.glob(RESULTS.format("*")))
 
 
 # --------------------------------------------------------------------------- 3. compare
@@ -302,7 +290,7 @@ def main() -> None:
             time_all(args, tasks, progress)
     if args.stage == "compile":
         return
-    failed = {r["task_id"]: r["error"] for p in args.out.glob(RESULTS.format("*")) for r in read_lines(p) if r.get("error")}
+    failed = {r["task_id"]: r["error"] for p in args.out.glob(RESULTS.format("*")) for r in read_records(p) if r.get("error")}
     ids = {t.id for t in tasks}
     ok = {k: v for k, v in measured(args.out).items() if k in ids}
     for task_id, why in sorted(failed.items()):

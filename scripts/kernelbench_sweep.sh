@@ -25,8 +25,8 @@ for kv in "$@"; do case $kv in env.work_dir=*) work=${kv#env.work_dir=};; esac; 
 mapfile -t ahead < <(python - "$run/eval/results.jsonl" "${folders[@]}" <<'PY'
 import sys
 from pathlib import Path
-from launch.eval import read_jsonl
-done = {r["task_id"] for r in read_jsonl(Path(sys.argv[1])) if r["failure"] != "infra"}  # as the sweep decides what to run again
+from protocol.records import read_records
+done = {r["task_id"] for r in read_records(Path(sys.argv[1])) if r["failure"] != "infra"}  # as the sweep decides what to run again
 for path in map(Path, sys.argv[2:]):
     for problem in sorted(path.glob("*.py")) if path.is_dir() else [path]:
         if problem.stem not in done:

@@ -72,7 +72,7 @@ PRESETS = {rules.name: rules for rules in (STRICT, PAPER)}
 
 
 def rules_named(name: str) -> Rules:
-    name = str(getattr(name, "value", name))
+    name = str(name)
     if name not in PRESETS:
         raise ValueError(f"unknown rule set {name!r} (env.rules); use one of {', '.join(RULE_SETS)}")
     return PRESETS[name]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rollout.trajectory import Segment, Trajectory, Turn
+from protocol.trajectory import Segment, Trajectory, Turn
 
 PROMPT = [1, 100, 101, 102, 2, 1, 103]  # <|im_start|> ... <|im_end|> <|im_start|> ...
 OBSERVATION = [2, 1, 104, 105]  # tool output and template glue between the turns

@@ -14,7 +14,7 @@ from actors.buffer import TrajectoryBuffer
 from actors.buffer_client import fetch, push
 from actors.trajectory_queue import BufferClosed, TrajectoryMeta, TrajectoryQueue, buffer_options
 from configs.load import load_config
-from rollout.trajectory import Segment, Trajectory, Turn
+from protocol.trajectory import Segment, Trajectory, Turn
 
 
 def trajectory(episode_id: str, versions=(0,), generated: int = 4, prompt: int = 4, reward: float = 1.0,

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from configs.load import load_config
+from protocol.records import read_records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="needs root and unshare: the second node hides the run folder in a mount namespace")
@@ -153,10 +154,6 @@ def test_object_store_mode_sends_even_what_a_node_could_see(cluster, tmp_path):
 # --------------------------------------------------------------------------- a training job
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 @pytest.mark.slow  # 181 s on 2 cores; the storage tests keep both nodes in the default suite
 def test_a_training_job_spans_both_nodes_and_resumes_after_jobs_stop(cluster, tiny_model_dir, capsys):
     from launch import jobs
@@ -197,7 +194,7 @@ def test_a_training_job_spans_both_nodes_and_resumes_after_jobs_stop(cluster, ti
     assert listed[first]["status"] == "STOPPED" and listed[second]["status"] == "SUCCEEDED"
     assert listed[second]["run_dir"] == str(run)
 
-    metrics = read_jsonl(run / "metrics.jsonl")
+    metrics = read_records(run / "metrics.jsonl")
     assert [r["step"] for r in metrics][-1] == 2 and {r["step"] for r in metrics} == {1, 2}
     recipe = json.loads((run / "recipe.json").read_text())
     assert recipe["done"] == ["single_turn_ppo"]

@@ -15,7 +15,7 @@ import pytest
 
 from env_pool.compile import compile_kernel
 from env_pool.pool import EnvPool
-from env_pool.results import EvalResult, Milestone
+from protocol.results import EvalResult, Milestone
 from tasks.loader import load_tasks
 from tests.corpus_cases import CORPUS, files_of, load_cases, meets, verdicts
 

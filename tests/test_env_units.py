@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from configs.schema import RewardConfig
-from env_pool.results import EvalResult, InputCheck, Milestone, Timing, Violation
-from env_pool.reward import apply_reward
 from env_pool import verify
+from env_pool.reward import apply_reward
 from env_pool.verify import Variation, check_outputs
+from protocol.results import EvalResult, InputCheck, Milestone, Timing, Violation
 from tasks.task import Task
 
 TASK = Task(id="t", level=1, source="")

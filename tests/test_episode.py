@@ -18,13 +18,13 @@ from omegaconf import OmegaConf
 from configs.load import load_config
 from configs.schema import EnvConfig
 from env_pool.pool import EnvPool
-from env_pool.results import Milestone
+from protocol.results import Milestone
+from protocol.trajectory import Trajectory
 from rollout.env_client import LocalEnvClient
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation, GenerationRequest
 from rollout.replay_policy import ReplayPolicy
 from rollout.toolbox import ToolBox
-from rollout.trajectory import Trajectory
 from rollout.workspace import Workspace
 from tasks.loader import load_tasks
 

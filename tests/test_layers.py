@@ -1,9 +1,9 @@
-"""The dependency rule holds: launch -> actors -> {rollout | learner | env_pool} -> tasks -> configs.
+"""The dependency rule holds: launch -> actors -> {rollout | learner | env_pool} -> tasks -> protocol -> configs.
 
 import-linter checks every import in the packages (lazy ones inside functions too) against the
-layers contract in pyproject.toml ([tool.importlinter]), whose only exceptions are the declared
-boundary-data modules. A wrong-way import fails here with import-linter's report, which names
-the importing line and the chain it opens.
+layers contract in pyproject.toml ([tool.importlinter]), which has no exceptions: the siblings
+share only what lies in protocol/, below them. A wrong-way import fails here with
+import-linter's report, which names the importing line and the chain it opens.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from learner.gae import batch_advantages, explained_variance, gae, token_rewards
 from learner.losses import entropy_from_logits, kl_k3, kl_penalty, policy_loss, token_mean, value_loss
 from learner.models import row_tokens
 from learner.rft import filter_trajectories, invalid_call_rate, longest_repeat
-from rollout.trajectory import Segment, Trajectory, Turn
+from protocol.trajectory import Segment, Trajectory, Turn
 
 try:
     from tests.learner_toy import OBSERVATION, PROMPT, make_trajectory

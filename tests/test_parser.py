@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from protocol.trajectory import ToolCall
 from rollout.parser import EXAMPLE, from_openai_tool_calls, parse_tool_calls
-from rollout.trajectory import ToolCall
 
 KERNEL = '#include <cstdint>\nextern "C" void f(float* y) { if (y) { y[0] = 1.0f; } }  // "quotes" {braces} \\ </tool_call>\n'
 

@@ -172,7 +172,7 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
     from configs.schema import EnvConfig
     from env_pool import harness, server_pool
     from env_pool.evaluate import Baseline, EvalContext, evaluate
-    from env_pool.results import Timing
+    from protocol.results import Timing
     from scripts.profile_harness import InProcessHarness
 
     monkeypatch.setattr(server_pool, "contended", lambda: True)  # shielded, as on a GPU or 2 cores

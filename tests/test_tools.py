@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 
 from env_pool.pool import EnvPool
-from env_pool.results import EvalResult, Milestone
+from protocol.results import EvalResult, Milestone
+from protocol.trajectory import ToolCall
 from rollout.env_client import EnvClient, LocalEnvClient
 from rollout.parser import parse_tool_calls
 from rollout.skill import skill_text
-from tasks.rules import STRICT
 from rollout.tool_results import truncate
 from rollout.tool_specs import format_tool_prompt
 from rollout.toolbox import ToolBox
-from rollout.trajectory import ToolCall
 from rollout.workspace import Workspace
 from tasks.loader import load_task_file, load_tasks
+from tasks.rules import STRICT
 from tasks.task import Task
 
 LEGIT = Path(__file__).parent / "env_corpus" / "legit"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from configs.load import load_config
+from protocol.records import read_records
 
 
 def tiny_config(model_dir: Path, out: Path, *extra: str):
@@ -24,14 +25,10 @@ def tiny_config(model_dir: Path, out: Path, *extra: str):
         "stage.buffer_capacity=8", "stage.asynchronous=true", *extra])  # the product's default mode; cpu-demo's is sync
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def wait_for_step(out: Path, step: int, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(r["step"] >= step for r in read_jsonl(out / "metrics.jsonl")):
+        if any(r["step"] >= step for r in read_records(out / "metrics.jsonl")):
             return
         time.sleep(0.2)
     raise TimeoutError(f"training did not reach step {step} in {timeout_s} s")
@@ -64,11 +61,11 @@ def test_training_survives_generator_and_learner_deaths(tiny_model_dir, tmp_path
         thread.join(timeout=900)
     assert not errors, repr(errors[0])
 
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_records(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, 9))
     last = metrics[-1]
     assert last["jobs/generator_restarts"] >= 1 and last["jobs/learner_restarts"] >= 1, last
-    episodes = read_jsonl(out / "episodes.jsonl")
+    episodes = read_records(out / "episodes.jsonl")
     ids = [e["episode_id"] for e in episodes]
     assert len(ids) == len(set(ids)), "an episode was trained twice"
     assert len(ids) >= 2 * 8
@@ -86,9 +83,9 @@ def test_synchronous_mode_generates_each_batch_then_trains(tiny_model_dir, tmp_p
     out = tmp_path / "sync"
     train(tiny_config(tiny_model_dir, out, "stage.name=agentic_ppo", "stage.steps=2", "stage.asynchronous=false",
                       "rollout.max_turns=2"))
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_records(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [1, 2]
-    episodes = read_jsonl(out / "episodes.jsonl")
+    episodes = read_records(out / "episodes.jsonl")
     by_step = {s: [e for e in episodes if e["step"] == s] for s in (1, 2)}
     assert all(len(v) == 2 for v in by_step.values()), by_step
     assert all(e["versions"] == [v] for s, v in ((1, 0), (2, 1)) for e in by_step[s]), episodes
@@ -107,10 +104,10 @@ def test_the_recipe_runs_every_stage_and_hands_each_its_predecessors_models(tiny
     assert recipe["policy"].endswith("agentic_ppo/export/policy") and recipe["critic"].endswith("agentic_ppo/export/critic")
     assert sorted(recipe["stage_s"]) == sorted(recipe["done"]) and all(s > 0 for s in recipe["stage_s"].values())
     assert not any((out / stage / "checkpoints").exists() for stage in recipe["done"]), "finished stages keep no checkpoints"
-    stages = [r["stage"] for r in read_jsonl(out / "metrics.jsonl")]
+    stages = [r["stage"] for r in read_records(out / "metrics.jsonl")]
     assert stages == recipe["done"]
     train(cfg)  # resumes: every stage is done
-    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_records(out / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 def test_learner_ranks_that_a_batch_or_zero3_cannot_feed_are_refused_before_any_work():

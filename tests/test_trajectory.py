@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.trajectory import Segment, ToolCall, Trajectory, TrajectoryError, Turn
+from protocol.trajectory import Segment, ToolCall, Trajectory, TrajectoryError, Turn
 
 
 def two_turn_trajectory() -> Trajectory:

@@ -13,7 +13,7 @@ WIDTH = 92  # the shipped texts' line width
 
 def skill_text(backend: str, rules: str = "strict") -> str:
     """The skill spec for ``backend`` ("cuda" or "cpp") under ``rules`` ("strict" or "paper"), shipped with the package."""
-    backend = str(getattr(backend, "value", backend))
+    backend = str(backend)
     if backend not in FILES:
         raise ValueError(f"no SKILL.md for backend {backend!r}; env.backend must be one of {sorted(FILES)}")
     text = resources.files(__name__).joinpath(FILES[backend]).read_text()

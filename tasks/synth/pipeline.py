@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from protocol.records import RecordWriter, read_records
 from tasks.loader import parse_task
 from tasks.screen import ScreenResult
 from tasks.synth.catalogue import category
@@ -50,8 +51,8 @@ class SynthRun:
         self.kernelbench = kernelbench
         self.accepted = SimilarityIndex(duplicate_similarity)
         self.exact: set[str] = set()
-        self.rows = [json.loads(line) for line in self.manifest.read_text().splitlines() if line.strip()] \
-            if self.manifest.exists() else []
+        self.rows = read_records(self.manifest)
+        self.writer = RecordWriter(self.manifest)  # appended row by row, a torn last row cut off first
         self.seeds = {row["seed"] for row in self.rows}
         for row in self.rows:
             path = self.task_dir / f"{Path(row.get('id', '')).name}.py"
@@ -116,8 +117,7 @@ class SynthRun:
     def record(self, row: dict) -> None:
         self.rows.append(row)
         self.seeds.add(row["seed"])
-        with self.manifest.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.writer.write(row)
 
     def counts(self) -> dict[str, int]:
         seen = Counter(row["stage"] for row in self.rows)

@@ -97,7 +97,7 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the transcript, role and content
     token_level: bool = True  # False for chat-only policies: segments are empty, evaluation only
-    milestone: int = 0  # env_pool.results.Milestone of the final evaluation
+    milestone: int = 0  # protocol.results.Milestone of the final evaluation
     reward: float = 0.0  # the episode's reward (the final evaluation's)
     stop_reason: str = "submit"  # one of STOP_REASONS
     error: str = ""  # why, when stop_reason is "error"
