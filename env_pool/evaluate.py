@@ -34,6 +34,7 @@ from env_pool.code_sampler import EXTENSIONS, TooManyLibraries, own_libraries
 from env_pool.compile import BACKENDS, cache_key, compile_kernel
 from env_pool.harness import MIN_NET_MS
 from env_pool.harness_process import HarnessProcess
+from env_pool.harness_request import HarnessRequest
 from env_pool.reward import apply_reward
 from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from protocol.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
@@ -499,26 +500,34 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     """One request to the worker's warm trusted harness (env_pool/harness_process.py); a request
     that times baselines runs with the worker's builds kept off the timing CPUs (BuildGate)."""
     cfg = ctx.cfg
+    request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
+                              ctx.private_paths)
+    limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
+    return await asyncio.to_thread(_quiet_request, ctx, request, limit, baseline or mode == "baselines")
+
+
+def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, scratch: Path, private: Path,
+                    inductor_dir: Path, hidden: list[Path]) -> HarnessRequest:
+    """The harness's request for one evaluation, from the env config (env.*) and this worker's folders."""
     plan = split_cpus(int(cfg.threads))
     # Pinned on every backend while the code sampler runs: it samples the servers' CPUs only.
     pinned = backend == "cpp" or bool(cfg.code_sampling)
-    required = list(UNTRUSTED_ISOLATION) + (["cpu-affinity"] if pinned else [])
-    payload = {"task": task.to_dict(), "backend": backend, "mode": mode, "baseline": baseline,
-               "rules": str(cfg.rules),
-               "threads": int(cfg.threads), "cpus": plan.servers, "startup_cpus": plan.builds, "warmup": int(cfg.warmup), "repetitions": int(cfg.repetitions),
-               "correctness_inputs": int(cfg.correctness_inputs), "adversarial": bool(cfg.adversarial_inputs),
-               "compile_mode": str(cfg.compile_mode), "seccomp": bool(cfg.seccomp), "code_sampling": bool(cfg.code_sampling), "memory_mb": int(cfg.memory_limit_mb), "baseline_memory_mb": int(cfg.baseline_memory_limit_mb), "warm_servers": int(cfg.warm_servers),
-               "warm_baseline_servers": int(cfg.warm_baseline_servers),
-               "wall_s": float(cfg.run_timeout_s), "baseline_wall_s": float(cfg.run_timeout_s + cfg.compile_timeout_s),
-               "scratch": str(scratch), "reference_cwd": str(private), "inductor_dir": str(ctx.reference_dir / "inductor"),
-               "hidden": [str(p) for p in ctx.private_paths], "required_isolation": required}
-    limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
-    return await asyncio.to_thread(_quiet_request, ctx, payload, limit, baseline or mode == "baselines")
+    return HarnessRequest(
+        task=task.to_dict(), backend=backend, mode=mode, baseline=bool(baseline), rules=str(cfg.rules),
+        threads=int(cfg.threads), cpus=tuple(plan.servers), startup_cpus=tuple(plan.builds),
+        warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), correctness_inputs=int(cfg.correctness_inputs),
+        adversarial_inputs=bool(cfg.adversarial_inputs), compile_mode=str(cfg.compile_mode), seccomp=bool(cfg.seccomp),
+        code_sampling=bool(cfg.code_sampling), memory_limit_mb=int(cfg.memory_limit_mb),
+        baseline_memory_limit_mb=int(cfg.baseline_memory_limit_mb), warm_servers=int(cfg.warm_servers),
+        warm_baseline_servers=int(cfg.warm_baseline_servers), run_timeout_s=float(cfg.run_timeout_s),
+        baseline_timeout_s=float(cfg.run_timeout_s + cfg.compile_timeout_s), scratch=str(scratch),
+        reference_cwd=str(private), inductor_dir=str(inductor_dir), hidden=tuple(str(p) for p in hidden),
+        required_isolation=tuple(UNTRUSTED_ISOLATION) + (("cpu-affinity",) if pinned else ()))
 
 
-def _quiet_request(ctx, payload: dict, limit: float, baselines: bool) -> dict:
+def _quiet_request(ctx, request: HarnessRequest, limit: float, baselines: bool) -> dict:
     with ctx.gate.baselines() if baselines else contextlib.nullcontext():
-        return ctx.harness.request(payload, limit)
+        return ctx.harness.request(request, limit)
 
 
 async def _import_step(ctx, backend, scratch) -> tuple[SandboxOutcome, dict]:

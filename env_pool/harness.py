@@ -50,6 +50,7 @@ import msgpack
 import torch
 
 from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable, judge
+from env_pool.harness_request import HarnessRequest
 from env_pool.inputs import ADVERSARIAL, adversarial, make_model
 from env_pool.profile import CacheFlusher, synchronize
 from env_pool.readout import Unreadable, read_arena, read_process
@@ -99,15 +100,15 @@ class PhaseRun:
 class Rounds:
     """Fresh inputs, the reference, and the shared memory of one evaluation."""
 
-    def __init__(self, payload: dict):
-        self.payload = payload  # the current evaluation's request (limits, CPUs, folders); set anew for each
-        self.rules = rules_named(payload.get("rules", "strict"))
-        task = Task.from_dict(payload["task"])
+    def __init__(self, request: HarnessRequest):
+        self.request = request  # the current evaluation's (limits, CPUs, folders); set anew for each
+        self.rules = rules_named(request.rules)
+        task = Task.from_dict(request.task)
         atol, rtol = self.rules.tolerances(task.atol, task.rtol)
         self.task = dataclasses.replace(task, atol=atol, rtol=rtol)  # checked under the rules in force
-        self.backend = payload["backend"]
+        self.backend = request.backend
         self.device = "cuda" if self.backend == "cuda" else "cpu"
-        torch.set_num_threads(int(payload.get("threads", 1)))
+        torch.set_num_threads(request.threads)
         set_tf32(self.rules.tf32)
         self.problem = build_problem(self.task, self.backend)
         self.init_seed = secrets.randbits(62)
@@ -357,41 +358,27 @@ def server_spec(rounds: Rounds, trusted: bool) -> ServerSpec:
     A trusted server's own folder is beside the request's private one, hidden from candidates;
     a candidate's is beside its scratch folder.
     """
-    p = rounds.payload
-    return ServerSpec(device=rounds.device, threads=int(p["threads"]), memory_mb=memory_limit(p, trusted),
-                      wall_s=float(p["baseline_wall_s"] if trusted else p["wall_s"]),
-                      hidden=() if trusted else tuple(p["hidden"]),
-                      required=() if trusted else tuple(p.get("required_isolation", ())),
-                      cpus=tuple(int(c) for c in p.get("cpus", ())), startup_cpus=tuple(int(c) for c in p.get("startup_cpus", ())),
-                      trusted=trusted,
-                      inductor_dir=str(p["inductor_dir"]) if trusted else "",
-                      root=str(Path(p["reference_cwd" if trusted else "scratch"]).parent))
-
-
-def memory_limit(payload: dict, trusted: bool) -> int:
-    """The host memory limit of the request's server, MB (env.baseline_memory_limit_mb, env.memory_limit_mb)."""
-    return int(payload["baseline_memory_mb" if trusted else "memory_mb"])
+    r = rounds.request
+    return ServerSpec(device=rounds.device, threads=r.threads, memory_mb=r.server_memory_mb(trusted),
+                      wall_s=r.server_timeout_s(trusted), hidden=() if trusted else r.hidden,
+                      required=() if trusted else r.required_isolation, cpus=r.cpus, startup_cpus=r.startup_cpus,
+                      trusted=trusted, inductor_dir=r.inductor_dir if trusted else "",
+                      root=str(Path(r.reference_cwd if trusted else r.scratch).parent))
 
 
 def claim_server(rounds: Rounds, pools: ServerPools, cwd: Path, trusted: bool) -> Server:
     """A server for this request, waiting or started now; a candidate's gets the candidate's files copied in."""
-    server = pools.of(trusted).take(server_spec(rounds, trusted), _keep(rounds.payload, trusted))
+    server = pools.of(trusted).take(server_spec(rounds, trusted), rounds.request.waiting_servers(trusted))
     if not trusted:
         server.take_files(cwd)
     return server
 
 
-def _keep(payload: dict, trusted: bool) -> int:
-    """How many servers of the request's kind wait ahead (env.warm_baseline_servers, env.warm_servers)."""
-    return int(payload.get("warm_baseline_servers" if trusted else "warm_servers", 0))
-
-
 def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -> None:
-    p = rounds.payload
-    payload = {"task": p["task"], "backend": rounds.backend, "threads": p["threads"], "phases": phases,
-               "rules": rounds.rules.name,
-               "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": p.get("compile_mode", "default"),
-               "seccomp": bool(p.get("seccomp", True)), "watched": not trusted}
+    r = rounds.request
+    payload = {"task": r.task, "backend": rounds.backend, "threads": r.threads, "phases": phases, "rules": rounds.rules.name,
+               "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": r.compile_mode,
+               "seccomp": r.seccomp, "watched": not trusted}
     for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
         rounds.control.words[word] = 0
     rounds.control.set_message("")
@@ -406,18 +393,18 @@ def seccomp_works() -> bool:
     return probe.returncode == 0
 
 
-def open_sampler(payload: dict) -> CpuSampler | None:
+def open_sampler(request: HarnessRequest) -> CpuSampler | None:
     """The code sampler on the servers' CPUs and the harness's own (every server's: they all run
     under the same sampling; the harness's, where a build would slow the clock).
 
     Required unless ``code_sampling`` is off: without it nothing outside the candidate's process
     tells torch's or a library's code from the candidate's, so the run is refused as infra.
     """
-    if not payload.get("code_sampling", True):
+    if not request.code_sampling:
         return None
-    cpus = [int(c) for c in payload.get("cpus", ())]
+    cpus = list(request.cpus)
     if not cpus:
-        raise RoundsFailed("infra", "the code sampler needs the servers' CPUs (payload cpus), and none were given")
+        raise RoundsFailed("infra", "the code sampler needs the servers' CPUs (the request's cpus), and none were given")
     try:
         return CpuSampler(sorted(set(cpus) | os.sched_getaffinity(0)))
     except (SamplerUnavailable, OSError) as err:
@@ -435,7 +422,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: P
     A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
     of its own kernel.so is taken here, before the server is given its run.
     """
-    sampler = open_sampler(rounds.payload)
+    sampler = open_sampler(rounds.request)
     server = identity = None
     try:
         server = claim_server(rounds, pools, cwd, trusted)
@@ -450,7 +437,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: P
         if server is not None:
             server.finish()
         # a no-op where take() refilled already (a harness with CPUs to spare)
-        pools.of(trusted).refill(_keep(rounds.payload, trusted))
+        pools.of(trusted).refill(rounds.request.waiting_servers(trusted))
 
 
 def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phase],
@@ -465,7 +452,7 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     """
     runs: dict[str, PhaseRun] = {}
     failure: RoundsFailed | None = None
-    timed = rounds.payload["mode"] == "full" or trusted
+    timed = rounds.request.mode == "full" or trusted
     freezer = None
     began = False  # the server said READY for its first phase (the null phase: no candidate code before it)
     try:
@@ -514,8 +501,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     name = "the baselines' server" if trusted else "the candidate's server"
     who = name if trusted else "the candidate"  # whom a failure message blames
     log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
-    failure = _outcome_failure(server.outcome, report, failure, bool(rounds.payload.get("seccomp", True)), who,
-                               memory_limit(rounds.payload, trusted)) or failure
+    failure = _outcome_failure(server.outcome, report, failure, rounds.request.seccomp, who,
+                               rounds.request.server_memory_mb(trusted)) or failure
     if failure is not None and failure.kind == "timeout" and not began:
         # No candidate code runs before the first phase's READY (the null phase's): a server that
         # never got there is the environment's, retried as infra.
@@ -627,13 +614,13 @@ def resolved(timing: Timing, staging_ns: list[int]) -> bool:
     return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
 
 
-def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
+def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest) -> dict:
     """The whole trusted side of one evaluation (mode "baselines": the task's baselines only); a plain dict for the worker."""
     result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
-    rounds.payload = payload
+    rounds.request = request
     set_tf32(rounds.rules.tf32)  # the harness's reference runs under the request's rules (a cached task's too)
-    warmup, reps = int(payload["warmup"]), int(payload["repetitions"])
-    full = payload["mode"] == "full"
+    warmup, reps = request.warmup, request.repetitions
+    full = request.mode == "full"
     sets = rounds.discrimination()
     # Timed rounds, the baselines' and the candidate's alike, on inputs that need the whole
     # computation: a task whose own inputs let a trivial kernel pass (all-positive ReLU inputs)
@@ -641,12 +628,12 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     # them returned its input there and computed only on the checked sets (rt3_relu_sign_probe).
     timed_set = rounds.transformed(sets.needed[0]) if sets.needed else None
     timed_label = sets.needed[0] if sets.needed else "own"
-    if payload.get("baseline"):
+    if request.baseline:
         try:
             runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None),
                                                    ("eager", [timed_set] * (warmup + reps), False, None),
                                                    ("compiled", [timed_set] * (warmup + reps), False, None)],
-                                   Path(payload["reference_cwd"]), trusted=True)
+                                   Path(request.reference_cwd), trusted=True)
         except RoundsFailed as err:
             result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
             return result
@@ -663,20 +650,20 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
                                       "the timing protocol's own noise; retried")
                 return result
             result[name] = timing.__dict__
-    if payload["mode"] == "baselines":
+    if request.mode == "baselines":
         result["ok"] = True
         return result
-    if payload.get("seccomp", True) and not seccomp_works():
+    if request.seccomp and not seccomp_works():
         result.update(failure="infra", message="the seccomp filter cannot be installed on this machine: candidates are "
                                                "not run without it (env.seccomp=false turns it off, for comparisons only)")
         return result
-    checked = int(payload["correctness_inputs"])
+    checked = request.correctness_inputs
     # Every round is checked (and watched by the server's fallback detector): the task's own
     # sets, then the transformed sets it needs to tell a correct kernel from a trivial one
     # (tasks/discriminate.py), then the extreme sets (adversarial_inputs); timing reads only
     # the last `reps` rounds.
     checking = sets.needed + sets.guards
-    extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if payload.get("adversarial") else []
+    extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if request.adversarial_inputs else []
     candidate_rounds = ([None] * checked + [rounds.transformed(name) for name in checking] + extreme
                         + ([timed_set] * (warmup + reps) if full else []))
     labels = (["own"] * checked + checking + list(ADVERSARIAL[:len(extreme)])
@@ -690,7 +677,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, payload: dict) -> dict:
     phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False, None),
               ("candidate", candidate_rounds, True, labels)]
     try:
-        runs, report = serve_phases(rounds, pools, phases, Path(payload["scratch"]), trusted=False)
+        runs, report = serve_phases(rounds, pools, phases, Path(request.scratch), trusted=False)
     except RoundsFailed as err:
         result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
@@ -746,13 +733,13 @@ class TaskCache:
         self.entries: dict[tuple, Rounds] = {}
 
     @staticmethod
-    def key(payload: dict) -> tuple:
-        task = payload["task"]
-        return task["id"], hash(task["source"]), payload["backend"], int(payload["threads"]), payload.get("rules", "strict")
+    def key(request: HarnessRequest) -> tuple:
+        task = request.task
+        return task.get("id"), hash(task.get("source")), request.backend, request.threads, request.rules
 
-    def get(self, payload: dict) -> Rounds:
-        key = self.key(payload)
-        rounds = self.entries.pop(key, None) or Rounds(payload)
+    def get(self, request: HarnessRequest) -> Rounds:
+        key = self.key(request)
+        rounds = self.entries.pop(key, None) or Rounds(request)
         self.entries[key] = rounds  # most recent last
         budget = self.budget_bytes if self.budget_bytes is not None else device_budget(rounds.device)
         held = {k: r.device_bytes() for k, r in self.entries.items()} if budget != float("inf") else {}
@@ -766,9 +753,9 @@ class TaskCache:
             release_cached_memory()
         return rounds
 
-    def keep_only(self, payload: dict) -> bool:
+    def keep_only(self, request: HarnessRequest) -> bool:
         """Drop every task but the request's (their references and inputs free the device's memory); True if any was."""
-        others = [k for k in self.entries if k != self.key(payload)]
+        others = [k for k in self.entries if k != self.key(request)]
         for key in others:
             self.entries.pop(key).close()
         if others:
@@ -792,7 +779,7 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
+def handle(payload: Any, cache: TaskCache, pools: ServerPools) -> dict:
     """One request of the worker: a verdict, or an infra failure that names the harness's own fault.
 
     A request that ran out of device memory while other tasks were cached is tried once more
@@ -800,24 +787,21 @@ def handle(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
     them cached (their references, their inputs) filled an H100 for every request after.
     """
     begin = time.monotonic()
-    what = request_name(payload)
+    try:
+        request = HarnessRequest.from_wire(payload)
+    except ValueError as err:
+        log(f"a malformed request: {err}")
+        return {"ok": False, "failure": "infra", "message": f"the harness failed: {err}"}
+    what = f"{request.task.get('id')} {request.mode}{' with baselines' if request.baseline else ''}"
     log(f"{what}: begun ({len(cache.entries)} tasks cached)")
-    verdict = _attempt(payload, cache, pools)
-    if verdict.get("failure") == "infra" and out_of_memory(str(verdict.get("message", ""))) and cache.keep_only(payload):
+    verdict = _attempt(request, cache, pools)
+    if verdict.get("failure") == "infra" and out_of_memory(str(verdict.get("message", ""))) and cache.keep_only(request):
         log(f"{what}: out of device memory, tried again without the other cached tasks")
-        verdict = _attempt(payload, cache, pools)
+        verdict = _attempt(request, cache, pools)
     outcome = verdict.get("failure") or "ok"
     reason = str(verdict.get("message", "")).splitlines()[0][:1000] if verdict.get("failure") else ""
     log(f"{what}: {outcome} in {time.monotonic() - begin:.1f} s{': ' + reason if reason else ''}")
     return verdict
-
-
-def request_name(payload: Any) -> str:
-    """The task and mode a request asks for, as the log names it (a malformed one is answered as infra, not here)."""
-    try:
-        return f"{payload['task']['id']} {payload['mode']}{' with baselines' if payload.get('baseline') else ''}"
-    except (KeyError, TypeError, AttributeError):
-        return "a malformed request"
 
 
 def out_of_memory(message: str) -> bool:
@@ -825,9 +809,9 @@ def out_of_memory(message: str) -> bool:
     return "out of memory" in message.lower() or re.search(r"\bCUresult 2\b", message) is not None
 
 
-def _attempt(payload: dict, cache: TaskCache, pools: ServerPools) -> dict:
+def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> dict:
     try:
-        return evaluate_rounds(cache.get(payload), pools, payload)
+        return evaluate_rounds(cache.get(request), pools, request)
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's

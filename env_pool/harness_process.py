@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from env_pool import host_pressure
+from env_pool.harness_request import HarnessRequest
 
 COMMAND = [sys.executable, "-m", "env_pool.harness", "--serve"]
 MAX_FRAME = 256 << 20  # a verdict is kilobytes; anything near this is a broken harness
@@ -46,19 +47,19 @@ class HarnessProcess:
         self.starts = 0  # how many times a harness was started (1 while it stays healthy)
         self._finalizer: weakref.finalize | None = None
 
-    def request(self, payload: dict, timeout_s: float) -> dict:
+    def request(self, request: HarnessRequest, timeout_s: float) -> dict:
         """Send one evaluation, wait for its verdict; a dead or hung harness is killed and reported as infra."""
         with self.lock:
             try:
                 if self.proc is None or self.proc.poll() is not None:
                     self._start()
-                _write_frame(self.proc.stdin, payload)
+                _write_frame(self.proc.stdin, request.to_wire())
                 return _read_frame(self.responses, time.monotonic() + timeout_s)
             except (HarnessGone, OSError, ValueError) as err:
                 exit_code = self.proc.poll() if self.proc is not None else None
                 self.close()
                 # A harness that hung or died on a machine out of memory or CPUs: say so, here and in its log.
-                machine = host_pressure.note(payload.get("cpus") if isinstance(payload, dict) else None)
+                machine = host_pressure.note(list(request.cpus) or None)
                 why = f"{err}; exit {exit_code}" + (f"; the machine: {machine}" if machine else "")
                 self.record(f"the harness failed ({why})")
                 return {"ok": False, "failure": "infra", "message": f"the harness failed ({why}); see {self.log_path}"}

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from env_pool import harness  # noqa: E402
 from env_pool.evaluate import evaluate  # noqa: E402
+from env_pool.harness_request import HarnessRequest  # noqa: E402
 from scripts.bench_env_speed import KERNELS, case, context  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 
@@ -35,16 +36,16 @@ class InProcessHarness:
         self.cache, self.pools = harness.TaskCache(), harness.ServerPools()
         self.profile: cProfile.Profile | None = None
 
-    def request(self, payload: dict, limit: float) -> dict:
+    def request(self, request: HarnessRequest, limit: float) -> dict:
         begin = time.perf_counter()
         if self.profile is not None:
             self.profile.enable()
         try:
-            return harness.handle(payload, self.cache, self.pools)
+            return harness.handle(request.to_wire(), self.cache, self.pools)
         finally:
             if self.profile is not None:
                 self.profile.disable()
-            print(f"  harness request, {payload['mode']}{' + baselines' if payload['baseline'] else ''}: "
+            print(f"  harness request, {request.mode}{' + baselines' if request.baseline else ''}: "
                   f"{time.perf_counter() - begin:.2f} s", flush=True)
 
     def record(self, line: str) -> None:

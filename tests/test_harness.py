@@ -5,6 +5,7 @@ that make them trustworthy, so a regression names the rule it broke.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,9 +21,33 @@ import torch
 
 from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report, net_timing, resolved
 from env_pool.harness_process import HarnessProcess
+from env_pool.harness_request import HarnessRequest
 from env_pool.rounds import GO, READY, Control, SlotMemory, plan_layout
 from env_pool.sandbox import SandboxOutcome
+from tasks.task import Task
 
+
+
+def request_for(task: Task, **fields) -> HarnessRequest:
+    """The worker's request for ``task`` under the default env config, with ``fields`` changed."""
+    from configs.schema import EnvConfig
+    from env_pool.evaluate import harness_request
+
+    request = harness_request(EnvConfig(), task, "cpp", "verify", False, Path("/w/scratch/x"), Path("/w/private/x"),
+                              Path("/w/inductor"), [])
+    return dataclasses.replace(request, **fields)
+
+
+def test_a_request_crosses_to_the_harness_whole_and_a_malformed_one_is_named():
+    request = request_for(Task(id="t", level=1, source="x = 1\n"), cpus=(0, 1))
+    wire = msgpack.unpackb(msgpack.packb(request.to_wire()))  # as the harness reads it: tuples come back as lists
+    assert HarnessRequest.from_wire(wire) == request
+    with pytest.raises(ValueError, match="missing \\['backend'\\]"):
+        HarnessRequest.from_wire({k: v for k, v in wire.items() if k != "backend"})
+    with pytest.raises(ValueError, match="unknown field.*'wall_s'"):
+        HarnessRequest.from_wire({**wire, "wall_s": 1.0})
+    with pytest.raises(ValueError, match="'threads' must be of type int, got str"):
+        HarnessRequest.from_wire({**wire, "threads": "2"})
 
 def outcome(result: bytes | None) -> SandboxOutcome:
     return SandboxOutcome(returncode=0, signal_name=None, timed_out=False, out_of_memory=False, cpu_limited=False,
@@ -229,9 +254,8 @@ def test_a_baselines_server_gets_its_own_host_memory_limit():
     a candidate's 8 GB, its trusted server ended out of memory and the problem had no baselines."""
     from env_pool.harness import server_spec
 
-    payload = {"threads": 1, "memory_mb": 8192, "baseline_memory_mb": 32768, "wall_s": 120.0, "baseline_wall_s": 420.0,
-               "hidden": [], "scratch": "/w/scratch/x", "reference_cwd": "/w/private/x", "inductor_dir": "/w/inductor"}
-    rounds = SimpleNamespace(payload=payload, device="cpu")
+    request = request_for(Task(id="t", level=1, source="x = 1\n"), memory_limit_mb=8192, baseline_memory_limit_mb=32768)
+    rounds = SimpleNamespace(request=request, device="cpu")
     assert server_spec(rounds, trusted=True).memory_mb == 32768
     assert server_spec(rounds, trusted=False).memory_mb == 8192
 
@@ -239,12 +263,13 @@ def test_a_baselines_server_gets_its_own_host_memory_limit():
 def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp_path: Path):
     harness = HarnessProcess(tmp_path / "harness.log")
     try:
-        first = harness.request({"task": {"id": "t", "level": 1, "source": "x = 1\n"}, "backend": "cpp", "threads": 1}, 120)
+        no_model = request_for(Task(id="t", level=1, source="x = 1\n"))
+        first = harness.request(no_model, 120)
         assert first["failure"] == "infra" and "harness failed" in first["message"]  # the task has no Model
         assert harness.starts == 1 and harness.proc.poll() is None
         harness.proc.kill()
         harness.proc.wait()
-        again = harness.request({"task": {"id": "t", "level": 1, "source": "x = 1\n"}, "backend": "cpp", "threads": 1}, 120)
+        again = harness.request(no_model, 120)
         assert again["failure"] == "infra" and harness.starts == 2
     finally:
         harness.close()
@@ -267,8 +292,7 @@ def test_the_task_cache_keeps_what_its_device_budget_holds_besides_the_newest_ta
     from tasks.loader import load_tasks
 
     tasks = {t.id: t for t in load_tasks()[0]}
-    payload = {tid: {"task": tasks[tid].to_dict(), "backend": "cpp", "threads": 1}
-               for tid in ("level1/01_gelu", "level1/02_swish", "level1/03_softmax")}
+    payload = {tid: request_for(tasks[tid]) for tid in ("level1/01_gelu", "level1/02_swish", "level1/03_softmax")}
     probe = harness.TaskCache()
     sizes = {tid: probe.get(p).device_bytes() for tid, p in payload.items()}
     assert all(n > 2 * 2**20 for n in sizes.values()), sizes  # the slots alone: inputs and outputs of MBs
@@ -292,7 +316,7 @@ def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_
     from tasks.loader import load_tasks
 
     tasks = {t.id: t for t in load_tasks()[0]}
-    payload = {tid: {"task": tasks[tid].to_dict(), "backend": "cpp", "threads": 1} for tid in ("level1/01_gelu", "level1/02_swish")}
+    payload = {tid: request_for(tasks[tid]) for tid in ("level1/01_gelu", "level1/02_swish")}
     cache = harness.TaskCache()
     cache.get(payload["level1/02_swish"])
     seen = []
@@ -304,10 +328,10 @@ def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_
         return {"ok": True}
 
     monkeypatch.setattr(harness, "evaluate_rounds", evaluate_rounds)
-    assert harness.handle(payload["level1/01_gelu"], cache, None) == {"ok": True}
+    assert harness.handle(payload["level1/01_gelu"].to_wire(), cache, None) == {"ok": True}
     assert seen == [["level1/01_gelu", "level1/02_swish"], ["level1/01_gelu"]], "tried again with the others dropped"
     seen.clear()
-    verdict = harness.handle(payload["level1/01_gelu"], cache, None)
+    verdict = harness.handle(payload["level1/01_gelu"].to_wire(), cache, None)
     assert verdict["failure"] == "infra" and len(seen) == 1, "alone in the cache, an OOM is the verdict: no loop"
 
 
