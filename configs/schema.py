@@ -247,7 +247,7 @@ class LearnerConfig:
 class StageConfig:
     name: StageName = StageName.recipe  # launch/train.py: which training stage to run
     steps: int = 100  # launch/train.py: optimiser steps in this stage
-    batch_episodes: int = 16  # launch/train.py: episodes per learner step
+    batch_episodes: int = 16  # launch/train.py, actors/batches.py: episodes per learner step
     max_staleness: int = 1  # actors/trajectory_queue.py: trajectories whose newest turn is more than this many policy versions old are stale (see stale_policy)
     stale_policy: StalePolicy = StalePolicy.drop  # actors/trajectory_queue.py: what happens to stale trajectories: drop or downweight
     stale_weight: float = 0.5  # actors/trajectory_queue.py: with downweight: the loss weight is this to the power of the versions beyond max_staleness
@@ -263,7 +263,7 @@ class StageConfig:
     single_turn_max_turns: int = 1  # launch/train.py: turn budget of the single-turn PPO warm-up (the final evaluation judges what that turn wrote)
     group_size: int = 1  # launch/train.py: episodes of one task sampled together as a group (GRPO-style); batch_episodes must be a multiple of it
     dynamic_sampling: bool = False  # launch/train.py: drop groups whose rewards all agree (no group-relative signal) before the learner step (DAPO); needs group_size > 1
-    group_draws: int = 4  # launch/train.py: with group_size > 1: at most this many buffer draws per learner step to fill batch_episodes with whole (and, with dynamic_sampling, informative) groups; then it trains on what is ready
+    group_draws: int = 4  # actors/batches.py: with group_size > 1: at most this many buffer draws per learner step to fill batch_episodes with whole (and, with dynamic_sampling, informative) groups; then it trains on what is ready
 
 
 @dataclass

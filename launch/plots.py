@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launch.metrics import MILESTONE_RATES, REWARD, REWARD_MAX, REWARD_MIN, read_metrics
+from launch.metrics import read_metrics
+from protocol.step_record import MILESTONE_RATES, REWARD, REWARD_MAX, REWARD_MIN
 
 PLOTS = {"reward": "reward.png", "milestones": "milestones.png"}
 # Series that share a plot are told apart by style as well as colour: milestone rates are often all

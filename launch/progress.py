@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
-from launch.metrics import BUFFER_DEPTH, ENV_QUEUE, MILESTONE_RATES, REWARD, SKIPPED, STALENESS, TOKENS_PER_S, flatten
+from launch.metrics import flatten
+from protocol.step_record import BUFFER_DEPTH, ENV_QUEUE, MILESTONE_RATES, REWARD, SKIPPED, STALENESS, TOKENS_PER_S
 
 Detail = Callable[[], Awaitable[str]]
 

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from launch.metrics import MILESTONE_RATES, REWARD, SKIPPED, read_metrics
+from launch.metrics import read_metrics
 from launch.plots import PLOTS
+from protocol.step_record import MILESTONE_RATES, REWARD, SKIPPED
 from protocol.results import EvalResult, Milestone
 from protocol.trajectory import Trajectory
 

@@ -22,7 +22,6 @@ checkpoint and exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from typing import Any
 
 import ray
 
-from actors.buffer_client import fetch
+from actors.batches import learner_step, synchronous_step
 from actors.grouping import GroupAssembler
 from actors.jobs import JobFeeder, TaskSampler
 from actors.run_logs import ray_init_options
@@ -44,11 +43,9 @@ from actors.topology import plan_resources, reserve, start_cluster
 from configs.load import ConfigError
 from launch.embedded_model import resolve_model_path
 from launch.heldout import HeldOutEval
-from launch.metrics import SKIPPED, MetricsSink, episode_metrics
+from launch.metrics import MetricsSink
 from launch.plots import write_plots
 from launch.progress import ProgressDisplay
-from learner.groups import group_advantages
-from learner.rft import filter_trajectories
 from protocol.records import RecordWriter
 from tasks.answers import answer_tasks
 from tasks.loader import load_tasks
@@ -266,14 +263,6 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
         await system.learn("drop_checkpoints")
 
 
-def skip_reason(kind: str, offered: int, left: int, ranks: int) -> str:
-    """Why a step trained nothing, in the terms of the setting that decided it."""
-    need = f"{ranks} needed (one per learner rank)"
-    if kind == "rft":
-        return f"{left} of {offered} episodes passed RFT's filter (learner.rft), {need}"
-    return f"{left} of {offered} episodes left after dynamic sampling (stage.dynamic_sampling), {need}"
-
-
 async def after_step(cfg: Any, system: System, step: int, steps: int, metrics: dict[str, Any]) -> None:
     """Learner step ``step`` (0-based) is done: the policy's next version if it moved, a push to
     the generators every sync_every steps, a checkpoint every checkpoint_every."""
@@ -323,62 +312,6 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
     return step
 
 
-async def generate(display: ProgressDisplay, system: System, feeder: JobFeeder, episodes: int) -> list[Any]:
-    """``episodes`` episodes on the generators (the synchronous mode), the display following them;
-    the buffer's answer for each."""
-    async with display.watched_phase(f"generating {episodes} episodes", episodes_detail(system, episodes)):
-        return await feeder.run_count(episodes)
-
-
-def episodes_detail(system: System, wanted: int) -> Any:
-    """What the generators' episodes are doing, counted from the first time it is asked (a phase's start)."""
-    first: dict[str, int] = {}
-
-    async def detail() -> str:
-        stats = await asyncio.gather(*(g.get_stats.remote() for g in system.generators), return_exceptions=True)
-        now: dict[str, int] = {}
-        for s in stats:
-            for key, value in (s.get("activity", {}) if isinstance(s, dict) else {}).items():
-                now[key] = now.get(key, 0) + value
-        first.update({k: v for k, v in now.items() if k not in first})
-        done = max(0, now.get("finished", 0) - first.get("finished", 0))
-        running = now.get("started", 0) - now.get("finished", 0)
-        turns = max(0, now.get("turns", 0) - first.get("turns", 0))
-        return (f"{min(done, wanted)} of {wanted} done, {running} in flight ({now.get('generating', 0)} generating, "
-                f"{now.get('in_env', 0)} in the environment), {turns} turn(s) so far")
-
-    return detail
-
-
-async def actor_load(system: System, wall: float) -> dict[str, float]:
-    """How busy the generators and env workers were: queue depths and busy time (idle is the rest)."""
-    gens = await asyncio.gather(*(g.get_stats.remote() for g in system.generators), return_exceptions=True)
-    envs = await asyncio.gather(*(w.health.remote() for w in system.env_workers), return_exceptions=True)
-    gens = [g for g in gens if isinstance(g, dict)]
-    envs = [e["stats"] for e in envs if isinstance(e, dict)]
-    return {
-        "env/queue_depth": float(sum(e["pending"] for e in envs)),
-        "env/busy_s": float(sum(e["busy_s"] for e in envs)),
-        "env/evaluated": float(sum(e["evaluated"] for e in envs)),
-        "generators/busy_s": float(sum(g["busy_s"] for g in gens)),
-        "generators/episodes": float(sum(g["episodes"] for g in gens)),
-        "generators/swap_s": float(sum(g["swap_s"] for g in gens)),
-    }
-
-
-async def first_of(ref: Any, background: asyncio.Task | None) -> Any:
-    """Await ``ref``, unless the generation feeder fails first: then its error, not a silent wait forever."""
-    if background is None:
-        return await ref
-    waiting = asyncio.ensure_future(ref)
-    await asyncio.wait({waiting, background}, return_when=asyncio.FIRST_COMPLETED)
-    if not waiting.done():
-        waiting.cancel()
-        background.result()  # raises the feeder's error
-        raise RuntimeError("the generation feeder stopped")
-    return waiting.result()
-
-
 def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]]) -> None:
     """One line per trained episode: the audit trail of what the learner saw, and when."""
     with RecordWriter(out / "episodes.jsonl") as records:
@@ -386,123 +319,3 @@ def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]
             records.write({"step": step, "stage": stage, **e})
 
 
-async def synchronous_step(kind: str, cfg: Any, system: System, feeder: JobFeeder,
-                           assembler: GroupAssembler | None = None, display: ProgressDisplay | None = None
-                           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A synchronous step: a round of stage.batch_episodes episodes, then the learner on exactly
-    those of them the buffer accepted (never a wait for one it dropped)."""
-    display = display or ProgressDisplay(0, enabled=False)
-    want = accepted(await generate(display, system, feeder, cfg.stage.batch_episodes))
-    return await learner_step(kind, cfg, system, feeder, None, assembler, want, display=display)
-
-
-def accepted(answers: list[Any]) -> int:
-    """How many of a synchronous round's episodes the buffer accepted (the rest were duplicates,
-    stale or unjudged: an infra verdict). The driver draws that many: waiting for the episodes it
-    asked for, one dropped episode left the batch short and the driver waiting for ever."""
-    return sum(answer == "accepted" for answer in answers)
-
-
-async def draw(system: System, feeder: JobFeeder, background: asyncio.Task | None,
-               episodes: int) -> tuple[list[tuple[Any, Any]], int]:
-    """A batch from the buffer as (buffer item, trajectory) pairs; lost trajectories go back to be rerun."""
-    if episodes <= 0:  # synchronous, and nothing of the round reached the buffer
-        return [], 0
-    batch = await first_of(system.buffer.get_batch.remote(max_episodes=episodes), background)
-    fetched = fetch(batch)
-    if fetched.lost:
-        await system.buffer.forget.remote([m.episode_id for m in fetched.lost])
-        feeder.requeue([(feeder.sampler.task_dict(m.task_id), m.episode_id) for m in fetched.lost])
-    item_of = {item.meta.episode_id: item for item in batch.items}  # already in the object store
-    return [(item_of[t.episode_id], t) for t in fetched.trajectories], len(fetched.lost)
-
-
-async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
-                          assembler: GroupAssembler, pairs: list[tuple[Any, Any]]
-                          ) -> tuple[list[tuple[Any, Any]], list[str], list[Any], int, dict[str, float]]:
-    """Whole groups for one step: draws from the buffer (after ``pairs``, the first draw) until
-    stage.batch_episodes episodes of complete groups are ready, with dynamic sampling only
-    groups whose rewards differ, or stage.group_draws draws were made. Returns the ready pairs,
-    their group keys, every trajectory drawn, the lost count and metrics."""
-    want = cfg.stage.batch_episodes
-    ready, keys, drawn, lost = [], [], [t for _, t in pairs], 0
-    dropped = released = draws = 0
-    while True:
-        out = assembler.add(pairs)
-        draws += 1
-        ready += out.ready
-        keys += out.groups
-        dropped += out.dropped_uniform
-        released += out.released_incomplete
-        if len(ready) >= want or draws >= cfg.stage.group_draws:
-            break
-        missing = want - len(ready)
-        if background is None:  # synchronous mode: nothing generates unless asked, and only what arrives is drawn
-            missing = accepted(await feeder.run_count(missing))
-        pairs, more_lost = await draw(system, feeder, background, missing)
-        drawn += [t for _, t in pairs]
-        lost += more_lost
-    metrics = {"groups/draws": float(draws), "groups/ready_episodes": float(len(ready)),
-               "groups/dropped_uniform": float(dropped), "groups/released_incomplete": float(released),
-               "groups/waiting_episodes": float(assembler.waiting_episodes)}
-    return ready, keys, drawn, lost, metrics
-
-
-async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
-                       assembler: GroupAssembler | None = None, want: int | None = None, *,
-                       display: ProgressDisplay | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One batch of ``want`` episodes (default stage.batch_episodes) from the buffer to the learner
-    (whole groups, with an assembler); lost trajectories go back to be rerun."""
-    display = display or ProgressDisplay(0, enabled=False)
-    started = time.perf_counter()
-    want = cfg.stage.batch_episodes if want is None else want
-    # Generating in the background (asynchronous mode), the batch may be minutes away; synchronously
-    # it was generated just before (``generate``) and is drawn at once.
-    waiting = (display.watched_phase(f"waiting for a batch of {want} episodes", episodes_detail(system, want))
-               if background is not None else contextlib.nullcontext())
-    async with waiting:
-        pairs, lost = await draw(system, feeder, background, want)
-    drawn = [t for _, t in pairs]
-    keys: list[str] | None = None
-    group_metrics: dict[str, float] = {}
-    if assembler is not None:
-        async with display.watched_phase("forming whole groups of episodes", episodes_detail(system, want)):
-            pairs, keys, drawn, more_lost, group_metrics = await assemble_groups(cfg, system, feeder, background,
-                                                                                 assembler, pairs)
-        lost += more_lost
-    metrics: dict[str, Any] = episode_metrics(drawn)
-    metrics.update(group_metrics)
-    offered = len(pairs)
-    if kind == "rft":
-        kept, rejected = filter_trajectories([t for _, t in pairs], cfg.learner.rft)
-        metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(kept)})
-        kept_ids = {t.episode_id for t in kept}
-        pairs = [(i, t) for i, t in pairs if t.episode_id in kept_ids]
-    ranks = system.learner.world_size
-    if len(pairs) >= ranks:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
-        items = [i for i, _ in pairs]
-        advantages = None
-        if keys is not None and str(cfg.learner.advantage) == "grpo":
-            advantages = group_advantages([t.reward for _, t in pairs], keys)
-        async with display.watched_phase(f"training on {len(items)} episodes"):
-            metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
-                                                         [i.weight for i in items], advantages)
-    else:
-        if pairs:
-            metrics["learner/skipped_small_batch"] = len(pairs)
-        metrics[SKIPPED] = skip_reason(kind, offered, len(pairs), ranks)
-    wall = time.perf_counter() - started
-    tokens = sum(t.num_tokens for t in drawn)
-    buffer_stats = await system.buffer.stats.remote()
-    metrics.update(await actor_load(system, wall))
-    if SKIPPED not in metrics:  # a step that trained nothing has no throughput: its wall is a draw from the buffer
-        metrics["throughput/tokens_per_s"] = tokens / wall if wall > 0 else 0.0
-    metrics.update({
-        "buffer": buffer_stats,
-        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": lost,
-        "step_s": wall,
-    })
-    episodes = [{"episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward, "milestone": t.milestone,
-                 "stop_reason": t.stop_reason, "turns": len(t.turns), "versions": sorted(set(t.versions))}
-                for t in drawn]
-    return metrics, episodes

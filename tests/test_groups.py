@@ -108,9 +108,9 @@ def test_a_ppo_trainer_refuses_grpo_with_a_kl_penalty_in_the_reward():
 
 
 def _driver_with_buffer(monkeypatch, queue, learner):
-    """launch.train with its buffer reads served from ``queue`` in this process, and the System of
-    one learner and no generators a step needs."""
-    import launch.train as driver
+    """actors.batches (the step's data plane) with its buffer reads served from ``queue`` in this
+    process, and the System of one learner and no generators a step needs."""
+    import actors.batches as driver
     from actors.buffer_client import Fetched
     from actors.system import System
 
@@ -128,7 +128,7 @@ def _driver_with_buffer(monkeypatch, queue, learner):
 
 
 def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_advantages(monkeypatch):
-    """The driver's step (launch/train.learner_step), synchronous mode, group_size 2, dynamic
+    """A learner step (actors/batches.learner_step), synchronous mode, group_size 2, dynamic
     sampling, grpo: the first draw holds a group that failed twice, which is dropped; the driver
     generates more until the batch is full of groups whose rewards differ, and the learner gets
     each episode's advantage against its own group."""
@@ -230,7 +230,7 @@ def test_a_step_with_nothing_to_train_on_says_why_and_logs_no_throughput(monkeyp
     import asyncio
 
     from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
-    from launch.metrics import SKIPPED, TOKENS_PER_S
+    from protocol.step_record import SKIPPED, TOKENS_PER_S
 
     cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
     queue = TrajectoryQueue(capacity=8)

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch.metrics import (METRICS_FILE, MILESTONE_RATES, REWARD, STALENESS, TB_DIR, TOKENS_PER_S, MetricsSink,
-                            episode_metrics, read_metrics)
+from launch.metrics import METRICS_FILE, TB_DIR, MetricsSink, read_metrics
 from launch.plots import PLOTS, milestone_figure, reward_figure, write_plots, y_range
 from launch.progress import ProgressDisplay
+from protocol.step_record import MILESTONE_RATES, REWARD, STALENESS, TOKENS_PER_S, episode_metrics
 
 
 def tensorboard_scalars(out_dir, tag: str) -> list[tuple[int, float]]:
@@ -213,8 +213,8 @@ def test_a_skipped_step_says_why_and_claims_no_throughput(caplog):
     # it took to read a batch from the buffer.
     from rich.console import Console
 
-    from launch.metrics import SKIPPED
-    from launch.train import skip_reason
+    from protocol.step_record import SKIPPED
+    from actors.batches import skip_reason
 
     display = ProgressDisplay(1, stage="rft", console=Console(file=io.StringIO(), force_terminal=False))
     reason = skip_reason("rft", 4, 0, 1)
