@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import ray
-from omegaconf import OmegaConf
 from ray.exceptions import RayActorError
 
 from actors.buffer import TrajectoryBuffer
@@ -33,6 +32,7 @@ from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
 from actors.trajectory_queue import buffer_options
 from actors.weight_sync import push_weights, resolve_transport
+from configs.schema import EnvConfig
 from env_pool.answer_check import AnswerWorker
 from env_pool.pool import EnvWorker
 
@@ -129,12 +129,12 @@ class System:
             ray.kill(actor, no_restart=True)
 
 
-def start_env_workers(reservation: Reservation, env_cfg: dict[str, Any]) -> list[Any]:
+def start_env_workers(reservation: Reservation, env_cfg: EnvConfig) -> list[Any]:
     """An env worker in each of the plan's env worker slots, each told its share of its node's CPUs: an
     EnvWorker (kernels), or with env.kind=verifier an AnswerWorker (the learning check)."""
     slots = reservation.plan.env_workers
     shares = reservation.node_shares(slots)
-    worker = AnswerWorker if env_cfg.get("kind") == "verifier" else EnvWorker  # the learning check, or kernels
+    worker = AnswerWorker if env_cfg.kind == "verifier" else EnvWorker  # the learning check, or kernels
     return [worker.options(max_restarts=-1, max_task_retries=1, **reservation.options(slot))
             .remote(env_cfg, cpu_share=shares[slot.index]) for slot in slots]
 
@@ -146,17 +146,16 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, m
     generators serve. ``storage``: how actors on other nodes than the driver's reach the run
     folder and the model."""
     transport = resolve_transport(cfg.cluster)
-    cfg_dict = OmegaConf.to_container(cfg, enum_to_str=True)
-    env_cfg = cfg_dict["env"]
-    env_workers = start_env_workers(reservation, env_cfg)
+    # Each actor gets the typed config (or its section): it travels as the OmegaConf object it is.
+    env_workers = start_env_workers(reservation, cfg.env)
     buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
     with actor_creation_output(cfg.logging, cfg.logging.out_dir):
         generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1,
                                              max_task_retries=0, **reservation.options(slot))
-                      .remote(cfg_dict, env_workers, buffer, slot.index, f"vllm:{model}", storage=storage)
+                      .remote(cfg, env_workers, buffer, slot.index, f"vllm:{model}", storage=storage)
                       for slot in plan.generators]
-    learner = LearnerGroup(cfg_dict, [reservation.options(slot) for slot in plan.learner], storage)
+    learner = LearnerGroup(cfg, [reservation.options(slot) for slot in plan.learner], storage)
     await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))
     return System(env_workers, buffer, generators, learner, transport, cfg.rollout.weight_bucket_mb,
                   cfg.cluster.weight_sync_timeout_s)

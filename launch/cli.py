@@ -190,8 +190,6 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
 def cmd_env_eval(args: argparse.Namespace) -> int:
     import asyncio
 
-    from omegaconf import OmegaConf
-
     from env_pool.pool import EnvPool
     from launch.report import print_eval_result
     from tasks.solution import read_solution
@@ -213,7 +211,7 @@ def cmd_env_eval(args: argparse.Namespace) -> int:
             raise TaskError(f"solution folder {name!r} does not exist (or is not a folder): give the folder that "
                             "holds model_new.py")
         solutions.append((name, read_solution(folder)))
-    pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
+    pool = EnvPool(cfg.env)
     _end_with_the_command(pool)
 
     async def evaluate_in_turn() -> list:

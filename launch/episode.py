@@ -4,8 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from env_pool.pool import EnvPool
 from launch.embedded_model import resolve_policy
 from protocol.trajectory import Trajectory
@@ -16,7 +14,7 @@ from rollout.policy import make_policy
 
 async def run_single_episode(cfg: Any, task: Any, policy_spec: str, out: str | None,
                              progress: bool = True, console: Any = None) -> tuple[Trajectory, Path]:
-    pool = EnvPool(OmegaConf.to_container(cfg.env, enum_to_str=True))
+    pool = EnvPool(cfg.env)
     policy = make_policy(*resolve_policy(policy_spec, cfg))
     try:
         runner = EpisodeRunner.from_config(cfg, policy, LocalEnvClient(pool))

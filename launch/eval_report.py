@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from launch.eval import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records
+from launch.sweep_records import AUDIT, AUTOTUNE, RESULTS, SWEEP, latest_records
 from protocol.records import read_records
 from tasks.loader import numbered
 from tasks.rules import rules_named

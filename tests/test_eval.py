@@ -202,7 +202,7 @@ def test_a_missing_problem_path_or_solutions_folder_is_one_line(tmp_path):
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench is not at ../shared/kernelbench")
 def test_kernelbench_solutions_layout_finds_each_problem_by_level_and_number(tmp_path):
-    from launch.eval import find_solutions
+    from launch.sweep_records import find_solutions
     from tasks.loader import load_tasks
 
     tasks, failures = load_tasks([KERNELBENCH])

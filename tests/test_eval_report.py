@@ -152,7 +152,7 @@ def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_b
     import json
 
     from configs.load import ConfigError
-    from launch.eval import SWEEP, check_identity
+    from launch.sweep_records import SWEEP, check_identity
 
     identity = {"policy": "vllm:x", "backend": "cpp", "max_turns": 200, "compile_mode": "default", "rules": "strict",
                 "confidence": 0.95}
@@ -163,7 +163,7 @@ def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_b
     (tmp_path / SWEEP).write_text(json.dumps(old))
     check_identity(tmp_path, identity)
     # A report of a folder made before the speed interval describes it as it was made, and is not refused.
-    from launch.eval import recorded_identity
+    from launch.sweep_records import recorded_identity
 
     older = {k: v for k, v in old.items() if k != "confidence"}
     (tmp_path / SWEEP).write_text(json.dumps(older))

@@ -190,7 +190,7 @@ def test_env_workers_of_one_node_each_keep_to_their_own_share_of_its_cpus(cluste
     cfg = config("cluster.num_env_workers=2", "cluster.env_worker_cpus=0.5", files=("gpu-1xh100",))
     reservation = reserve(plan_resources(cfg, learner=False, with_generators=False), timeout_s=60)
     try:
-        workers = start_env_workers(reservation, {"backend": "cpp", "work_dir": str(tmp_path)})
+        workers = start_env_workers(reservation, config("env.backend=cpp", f"env.work_dir={tmp_path}").env)
         cpus = [ray.get(w.health.remote(), timeout=120)["cpus"] for w in workers]
         mine = sorted(os.sched_getaffinity(0))
         assert cpus == [cpu_share(mine, 0, 2), cpu_share(mine, 1, 2)], cpus
