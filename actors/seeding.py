@@ -4,7 +4,7 @@ The driver seeds itself where a run starts; each generator and learner rank seed
 a seed derived from the run's and its role and index, so that actors draw different streams
 and a rerun draws the same ones (a fresh critic head, anything drawn beside vLLM's sampler,
 which ``rollout.seed`` seeds). Env workers are not seeded on purpose: the verifier's inputs
-and initial weights come from the OS's entropy (env_pool/harness.py), and no config may make
+and initial weights come from the OS's entropy (env_pool/trusted/harness.py), and no config may make
 them predictable to a candidate.
 """
 from __future__ import annotations

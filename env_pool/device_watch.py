@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from env_pool.evaluate import EvalContext
-from env_pool.harness import out_of_memory
-from env_pool.sandbox import SandboxError, SandboxLimits, run_sandboxed
+from env_pool.isolation.sandbox import SandboxError, SandboxLimits, run_sandboxed
+from env_pool.trusted.harness import out_of_memory
 from protocol.results import EvalResult
 
 PROBE_OK = "cuda-agent-probe-ok"

@@ -4,10 +4,10 @@ The steps, and who decides what:
 1. compile: the fast path (kernel.cpp / kernel.cu, no torch headers) in a sandboxed compiler,
    or, for a KernelBench-style solution, an import in a sandboxed child under the compile time
    limit that runs its load_inline build.
-2. the worker's harness (env_pool/harness.py: a trusted process, kept warm; no candidate code
+2. the worker's harness (env_pool/trusted/harness.py: a trusted process, kept warm; no candidate code
    runs in it) holds the device's timing lane for the whole run. It times the eager and torch.compile baselines
    in a trusted server (once per task per worker), then serves the candidate's server
-   (env_pool/serve.py, sandboxed) round after round: fresh inputs every round, its own clock,
+   (env_pool/candidate/serve.py, sandboxed) round after round: fresh inputs every round, its own clock,
    every output verified against the reference it runs itself.
 3. here, the harness's verdict becomes an EvalResult and the milestone reward. Nothing in it
    comes from the candidate's process except as data the harness checked (outputs) or as
@@ -29,14 +29,16 @@ from typing import Any, Mapping
 
 import msgpack
 
-from env_pool import cuda_arch, host_pressure, inline_pch, paper_layout
-from env_pool.code_sampler import EXTENSIONS, TooManyLibraries, own_libraries
-from env_pool.compile import BACKENDS, cache_key, compile_kernel
-from env_pool.harness import MIN_NET_MS
-from env_pool.harness_process import HarnessProcess
-from env_pool.harness_request import HarnessRequest
+from env_pool.build import cuda_arch, inline_pch, paper_layout
+
+from env_pool.build.compile import BACKENDS, EXTENSIONS, cache_key, compile_kernel
+from env_pool.isolation import host_pressure
+from env_pool.isolation.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from env_pool.reward import apply_reward
-from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.trusted.code_sampler import TooManyLibraries, own_libraries
+from env_pool.trusted.harness_process import HarnessProcess
+from env_pool.trusted.harness_request import HarnessRequest
+from env_pool.trusted.round_protocol import MIN_NET_MS
 from protocol.results import FAILURE_KINDS, EvalResult, InputCheck, Timing, Violation
 from tasks.rules import rules_named
 from tasks.solution import FIXED_FILES, SOLUTION_FILE, solution_file_name_ok, uses_extension_module
@@ -44,7 +46,7 @@ from tasks.task import Task
 
 # -P: the scratch folder (the cwd) is not put first on sys.path, so a candidate's msgpack.py or
 # torch.py cannot replace what the runner imports before its guards are armed.
-RUNNER = [sys.executable, "-P", "-m", "env_pool.runner"]
+RUNNER = [sys.executable, "-P", "-m", "env_pool.candidate.runner"]
 MODES = ("compile", "verify", "full")  # full = verify + profile
 HARNESS_START_S = 120.0  # a (re)start of the harness (torch, CUDA, the reference) on top of its servers' limits
 HARNESS_CPUS = 2  # the harness's own CPUs where the worker has more than servers + this: its spinning thread, its sampler
@@ -305,7 +307,7 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
     if "cpp_extension" not in files[SOLUTION_FILE] and not uses_extension_module(files):
         return True  # plain Python: the candidate's own server imports it
     # KernelBench path: importing model_new.py runs its load_inline build, under the compile limit;
-    # the paper's layout: the import child builds its cuda_extension first (env_pool/paper_layout.py).
+    # the paper's layout: the import child builds its cuda_extension first (env_pool/build/paper_layout.py).
     # The same files built before on this worker: their build is copied in, and the import skipped
     # (the server's own import still fails a solution that does not load).
     cached = inline_cache(ctx, files, backend)
@@ -368,7 +370,7 @@ def build_bounds(folder: Path) -> str:
 
 
 def machine_at_fault(verdict: dict, cpus: list[int], harness: HarnessProcess | None = None) -> dict:
-    """A verdict of timeout or out of memory, read again against the machine (env_pool/host_pressure.py).
+    """A verdict of timeout or out of memory, read again against the machine (env_pool/isolation/host_pressure.py).
 
     Short of memory, or its servers' CPUs held by other processes, the machine is to blame, not
     the candidate's or the baselines' limits: the verdict becomes infra (retried), its message
@@ -487,7 +489,7 @@ def split_cpus(threads: int) -> CpuPlan:
     are enough: on the H100 machine, twelve load_inline builds on its CPUs made a sweep's first
     baselines time 2.8-3.8x slower than KernelBench's (IQRs of 98-100% of the median). With few
     CPUs, the harness and the builds share what is left (and the servers' start-ups are paused
-    during timed rounds: env_pool/server_pool.py).
+    during timed rounds: env_pool/trusted/server_pool.py).
     """
     mine = sorted(os.sched_getaffinity(0))
     servers = mine[:max(1, threads)]
@@ -497,7 +499,7 @@ def split_cpus(threads: int) -> CpuPlan:
 
 
 async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict:
-    """One request to the worker's warm trusted harness (env_pool/harness_process.py); a request
+    """One request to the worker's warm trusted harness (env_pool/trusted/harness_process.py); a request
     that times baselines runs with the worker's builds kept off the timing CPUs (BuildGate)."""
     cfg = ctx.cfg
     request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
@@ -534,7 +536,7 @@ async def _import_step(ctx, backend, scratch) -> tuple[SandboxOutcome, dict]:
     """The load_inline build, off the device where it can be (an import on it would share it with timed runs).
 
     On the cuda backend the import child runs without the GPU, torch given the device's
-    architecture instead (TORCH_CUDA_ARCH_LIST, as its load_inline would pick it: env_pool/cuda_arch.py).
+    architecture instead (TORCH_CUDA_ARCH_LIST, as its load_inline would pick it: env_pool/build/cuda_arch.py).
     A solution whose import needs the device is imported again with it, holding the timing lane:
     nothing is timed while a candidate's code has the device outside its own run.
     """

@@ -32,7 +32,7 @@ from typing import Mapping
 import msgpack
 
 from env_pool.evaluate import EvalContext, _compile_step, write_candidate
-from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
+from env_pool.isolation.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, run_sandboxed
 from protocol.results import EvalResult
 from tasks.solution import SOLUTION_FILE
 from tasks.task import Task
@@ -216,7 +216,7 @@ def ncu_command(ncu: str, max_kernels: int) -> list[str]:
     return [ncu, "--csv", "--page", "details", "--profile-from-start", "off", "--launch-count", str(max_kernels),
             "--target-processes", "all", "--log-file", REPORT_FILE,
             *[arg for section in SECTIONS for arg in ("--section", section)],
-            sys.executable, "-m", "env_pool.runner", "--payload", PAYLOAD_FILE]
+            sys.executable, "-m", "env_pool.candidate.runner", "--payload", PAYLOAD_FILE]
 
 
 async def ncu_summary(ctx: EvalContext, task: Task, files: Mapping[str, str]) -> str:

@@ -24,10 +24,10 @@ from omegaconf import OmegaConf
 from configs.schema import EnvConfig
 from env_pool.device_watch import DeviceWatch
 from env_pool.evaluate import EvalContext, cpu_share, evaluate
+from env_pool.isolation.sandbox_watchdog import move_threads
 from env_pool.ncu import ncu_summary
 from env_pool.reference_profile import ReferenceProfiles
 from env_pool.reward import apply_reward
-from env_pool.sandbox_watchdog import move_threads
 from protocol.results import EvalResult
 from tasks.task import Task
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from env_pool.evaluate import EvalContext
-from env_pool.sandbox import SandboxError, SandboxLimits, run_sandboxed
+from env_pool.isolation.sandbox import SandboxError, SandboxLimits, run_sandboxed
 from tasks.task import Task
 
 TOP_OPS = 8  # operators shown to the agent; the tail is rarely worth a kernel
@@ -85,8 +85,8 @@ def measure(payload: dict[str, Any]) -> dict[str, Any]:
     """In the child: build the reference, time it eagerly, and profile a few forward passes."""
     import torch
 
-    from env_pool.inputs import make_inputs, make_model
-    from env_pool.profile import time_callable
+    from env_pool.shared.inputs import make_inputs, make_model
+    from env_pool.shared.profile import time_callable
     from tasks.describe import describe_value
     from tasks.task import build_problem
 
@@ -145,7 +145,7 @@ def _device_name(device: str) -> str:
 
 
 def main() -> None:
-    from env_pool.result_channel import child_result_channel
+    from env_pool.isolation.result_channel import child_result_channel
 
     payload = msgpack.unpackb(sys.stdin.buffer.read())
     channel = child_result_channel()

@@ -249,7 +249,7 @@ def _end_with_the_command(pool) -> None:
     build runs minutes in one); exiting from the handler instead kills those threads, and with
     them the sandboxed runs they started (each shim dies with its thread), and the harness is
     killed here (it would also end by itself once its stdin closes). The precompiled header's
-    job alone goes on: it is the machine's, not this command's (env_pool/inline_pch.py).
+    job alone goes on: it is the machine's, not this command's (env_pool/build/inline_pch.py).
     """
     import os
     import signal

@@ -212,7 +212,7 @@ def _gpu_need(cfg: Any, report: DoctorReport) -> Need:
 def _sandbox_needs(cfg: Any) -> list[Need]:
     needs = []
     if cfg.env.code_sampling:
-        from env_pool.code_sampler import CpuSampler, SamplerUnavailable
+        from env_pool.trusted.code_sampler import CpuSampler, SamplerUnavailable
 
         try:
             CpuSampler([min(os.sched_getaffinity(0))]).close()
@@ -222,7 +222,7 @@ def _sandbox_needs(cfg: Any) -> list[Need]:
                               "run as root or with CAP_PERFMON, with perf_event_open allowed in the container "
                               "(docker run --cap-add PERFMON); env.code_sampling=false only for comparisons"))
     if cfg.env.seccomp:
-        from env_pool.harness import seccomp_works
+        from env_pool.trusted.round_protocol import seccomp_works
 
         works = seccomp_works()
         needs.append(Need("env.seccomp", works, "the candidates' seccomp filter installs" if works else

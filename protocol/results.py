@@ -88,7 +88,7 @@ class EvalResult:
     cache_hit: bool = False
     wall_s: float = 0.0  # wall-clock seconds of the whole evaluation
     warm_server: bool = False  # the candidate's server was started before this evaluation asked for one (env.warm_servers)
-    code_samples: dict = field(default_factory=dict)  # where the candidate's CPU time went in its rounds: samples per category (env_pool/code_sampler.py)
+    code_samples: dict = field(default_factory=dict)  # where the candidate's CPU time went in its rounds: samples per category (env_pool/trusted/code_sampler.py)
     eager_interval: list[float] = field(default_factory=list)  # the speedup over eager's bootstrap interval [low, high] (env_pool/reward.py); empty without timings
     compile_interval: list[float] = field(default_factory=list)  # the same over torch.compile
 

@@ -112,7 +112,7 @@ def inline(args, tasks: dict, root: Path) -> list[dict]:
         ctx = context(args, root / f"inline-{label}")
         ctx.cfg.pch_dir = pch
         if pch:  # built here, in the foreground, as a worker's background thread would (its time is reported)
-            from env_pool import inline_pch
+            from env_pool.build import inline_pch
 
             compiler, flags, key = inline_pch.target(args.backend == "cuda")
             begin = time.perf_counter()

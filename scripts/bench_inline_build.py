@@ -4,9 +4,9 @@
 
 Builds a corpus case's load_inline extension once (its files and ninja commands), then runs each
 command again alone: the binding's main.cpp with and without the precompiled torch/extension.h
-(env_pool/inline_pch.py, built first if needed); the kernel's cuda.cu (nvcc) as written, with
-the light and with the lean headers through env_pool/nvcc_split.py, and through
-env_pool/nvcc_light.py (all three at once, the first that builds kept); the link.
+(env_pool/build/inline_pch.py, built first if needed); the kernel's cuda.cu (nvcc) as written, with
+the light and with the lean headers through env_pool/build/nvcc_split.py, and through
+env_pool/build/nvcc_light.py (all three at once, the first that builds kept); the link.
 Last, the whole build again through nvcc_light, with the precompiled header: what the
 environment's import step runs.
 Unsandboxed: this measures the compilers, not the environment. Writes DIR/inline_build.json.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from env_pool import inline_pch, nvcc_light  # noqa: E402
+from env_pool.build import inline_pch, nvcc_light  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "env_corpus"
 

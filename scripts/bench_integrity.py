@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from configs.schema import EnvConfig  # noqa: E402
-from env_pool.compile import compile_kernel  # noqa: E402
+from env_pool.build.compile import compile_kernel  # noqa: E402
 from env_pool.evaluate import EvalContext, evaluate  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 from tasks.task import build_problem  # noqa: E402

@@ -8,7 +8,7 @@ Each problem's eager and torch.compile baselines are measured as a worker measur
 first ones (env_pool/evaluate.measure_baselines: the trusted server, the harness's protocol,
 the plausibility rules), without a candidate. key=value pairs override env settings.
 
-1. Compile: every problem's torch.compile baseline compiled ahead (env_pool/baseline_compile.py),
+1. Compile: every problem's torch.compile baseline compiled ahead (env_pool/trusted/baseline_compile.py),
    ``--compile-procs`` processes at once over the GPUs, into the inductor cache the workers share;
    a worker's compile is then a cache hit instead of 5-60 s of the timing lane.
 2. Time: one worker per GPU (its own CPUs, harness and warm trusted servers), problems dealt
@@ -39,7 +39,7 @@ import msgpack  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 
 from env_pool.evaluate import cpu_share  # noqa: E402
-from env_pool.server_pool import compile_env  # noqa: E402
+from env_pool.trusted.server_pool import compile_env  # noqa: E402
 from protocol.records import read_records  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 
@@ -89,7 +89,7 @@ def compile_all(args, tasks: list, inductor: Path, progress: Progress) -> None:
     Small problems compile --compile-procs at once; problems whose footprint does not fit a
     process's share of the device compile after them, one per GPU (12 GiB-sized compiles at once
     ran the H100 out of memory, and those compiles were lost)."""
-    from env_pool.baseline_compile import forget_autotuning
+    from env_pool.trusted.baseline_compile import forget_autotuning
 
     log = args.out / COMPILED
     done = {r["id"] for r in read_records(log) if r.get("ok")} | set(measured(args.out))
@@ -135,7 +135,7 @@ def compile_wave(args, tasks: list, procs: int, inductor: Path):
         env = {**os.environ, **compile_env(str(inductor), threads), "PYTHONPATH": str(HERE.parent)}
         if args.gpus:
             env["CUDA_VISIBLE_DEVICES"] = device_of(args.gpus[k % len(args.gpus)])
-        child = subprocess.Popen([sys.executable, "-m", "env_pool.baseline_compile"], stdin=subprocess.PIPE,
+        child = subprocess.Popen([sys.executable, "-m", "env_pool.trusted.baseline_compile"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=False)
         child.stdin.write(msgpack.packb(jobs))
         child.stdin.close()

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from env_pool import harness  # noqa: E402
 from env_pool.evaluate import evaluate  # noqa: E402
-from env_pool.harness_request import HarnessRequest  # noqa: E402
+from env_pool.trusted import harness  # noqa: E402
+from env_pool.trusted.harness_request import HarnessRequest  # noqa: E402
 from scripts.bench_env_speed import KERNELS, case, context  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 

@@ -17,7 +17,7 @@ reference are added, in ``TRANSFORMS``'s order, until it does: a zero-mean shift
 standard normal draws, and normal draws mixed with special values. A task that no transform
 makes discriminating is reported (``cuda-agent tasks check``) and synthesis rejects it.
 
-Used by the trusted harness (env_pool/harness.py, once per task), by ``cuda-agent tasks check``
+Used by the trusted harness (env_pool/trusted/harness.py, once per task), by ``cuda-agent tasks check``
 and by the synthesis screen (tasks/screen.py): one implementation of the rule.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A solution is ``model_new.py`` (class ModelNew, KernelBench's convention) beside the backend's
 one kernel source and the headers it includes, or the paper's workspace layout (below). Two sides must agree on these names: the agent
 writes the files (rollout/workspace.py checks each name as it is written) and the environment
-evaluates them (env_pool/evaluate.py, env_pool/compile.py). rollout and env_pool are independent
+evaluates them (env_pool/evaluate.py, env_pool/build/compile.py). rollout and env_pool are independent
 layers that never import each other, so the format lives here, below both, beside the Task that
 a solution solves; each side keeps its own rules on top (the workspace's name checks, the
 compiler's flags).
@@ -33,7 +33,7 @@ KERNEL_FILES = {
 # The CUDA Agent paper's released workspace layout, read unchanged: kernels/*.cu (or .cpp) with a
 # *_binding.cpp each that registers its functions through binding_registry.h, one extension
 # module named cuda_extension built from every .cu and .cpp at the root and in kernels/, and a
-# model_new.py that imports it. The two fixed files are the environment's (env_pool/paper_layout.py
+# model_new.py that imports it. The two fixed files are the environment's (env_pool/build/paper_layout.py
 # writes its own); a solution's copies of them are ignored.
 KERNELS_DIR = "kernels"
 EXTENSION_MODULE = "cuda_extension"

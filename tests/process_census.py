@@ -3,7 +3,7 @@
 A process is the commands' when its environment carries the test's tag (the command and whatever
 inherits its environment), or its command line or working folder lies under the test's folder
 (sandboxed runs, whose environment is cleaned, name their scratch folder), or it descends from
-one that is. The precompiled header's job (env_pool/inline_pch.py) and its compilers are counted
+one that is. The precompiled header's job (env_pool/build/inline_pch.py) and its compilers are counted
 apart: the one process allowed to outlive a command.
 """
 from __future__ import annotations
@@ -60,13 +60,13 @@ def census(folder: Path, tag: str) -> tuple[list[Proc], list[Proc]]:
                 todo += children.get(pid, [])
         return seen
 
-    jobs = tree(p.pid for p in procs.values() if "env_pool.inline_pch" in p.args and "--job" in p.args)
+    jobs = tree(p.pid for p in procs.values() if "env_pool.build.inline_pch" in p.args and "--job" in p.args)
     ours = tree(marked) - jobs
     return [procs[p] for p in sorted(ours)], [procs[p] for p in sorted(jobs)]
 
 
 def header_jobs(procs: list[Proc]) -> list[Proc]:
-    return [p for p in procs if "env_pool.inline_pch" in p.args]
+    return [p for p in procs if "env_pool.build.inline_pch" in p.args]
 
 
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.5):

@@ -1,4 +1,4 @@
-"""env_pool.code_sampler: the harness's own record of which code the candidate's CPU ran.
+"""env_pool.trusted.code_sampler: the harness's own record of which code the candidate's CPU ran.
 
 A real child process, pinned to one CPU, runs one piece of work per window while this process
 samples that CPU: its own compiled library, numpy's BLAS, torch's matmul, a copy of a library
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy
 import pytest
 
-from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Mapping, PhaseSampling, judge
-from env_pool.harness import RoundsFailed, open_sampler
+from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Mapping, PhaseSampling, judge
+from env_pool.trusted.round_protocol import RoundsFailed, open_sampler
 
 CHILD = """
 import ctypes, os, sys, time

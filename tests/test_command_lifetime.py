@@ -2,7 +2,7 @@
 
 `cuda-agent env eval` run again and again on load_inline solutions, killed mid-evaluation, and
 interrupted; what it left is found from /proc (tests/process_census.py). The precompiled
-header's job (env_pool/inline_pch.py) is the one process allowed to outlive a command: one at
+header's job (env_pool/build/inline_pch.py) is the one process allowed to outlive a command: one at
 most, and it ends by itself once the header is built.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from env_pool import inline_pch
+from env_pool.build import inline_pch
 from tests.process_census import census, header_jobs, remaining, wait_for
 
 CLI = str(Path(sys.executable).with_name("cuda-agent"))
@@ -83,7 +83,7 @@ def test_repeated_load_inline_evaluations_leave_no_process_behind_and_give_memor
 def test_a_command_killed_while_its_harness_serves_leaves_no_process(tmp_path, sig):
     tag = uuid.uuid4().hex
     command = env_eval(tmp_path, tag, "level1/01_gelu", LEGIT / "gelu_omp", pch=False, overrides=["env.infra_retries=0"])
-    serving = wait_for(lambda: [p for p in census(tmp_path, tag)[0] if "env_pool.serve" in p.args], 600)
+    serving = wait_for(lambda: [p for p in census(tmp_path, tag)[0] if "env_pool.candidate.serve" in p.args], 600)
     assert serving, f"no server started:\n{command.stderr.read()[-3000:] if command.poll() is not None else ''}"
     command.send_signal(sig)
     try:
@@ -115,7 +115,7 @@ def test_a_command_killed_mid_load_inline_build_leaves_only_the_header_job(tmp_p
 
 SLOW_REQUEST = textwrap.dedent("""
     import time
-    from env_pool.harness_process import serve_forever
+    from env_pool.trusted.harness_process import serve_forever
     serve_forever(lambda payload: time.sleep(600) or {"ok": True})
 """)
 

@@ -1,4 +1,4 @@
-"""env_pool.compile with the real g++ and nvcc: no mocks."""
+"""env_pool.build.compile with the real g++ and nvcc: no mocks."""
 from __future__ import annotations
 
 import ctypes
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import env_pool.compile as compile_module
-from env_pool.compile import (
+import env_pool.build.compile as compile_module
+from env_pool.build.compile import (
     COMPILE_ISOLATION,
     CPP_FLAGS,
     CompileResult,

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from env_pool.compile import compile_kernel
+from env_pool.build.compile import compile_kernel
 from env_pool.pool import EnvPool
 from protocol.results import EvalResult, Milestone
 from tasks.loader import load_tasks

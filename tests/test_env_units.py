@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from configs.schema import RewardConfig
-from env_pool import verify
 from env_pool.reward import apply_reward
-from env_pool.verify import Variation, check_outputs
+from env_pool.trusted import verify
+from env_pool.trusted.verify import Variation, check_outputs
 from protocol.results import EvalResult, InputCheck, Milestone, Timing, Violation
 from tasks.task import Task
 
@@ -177,7 +177,7 @@ def test_a_variation_copies_the_first_set_where_its_memory_is_reused():
 
 
 def test_adversarial_sets_are_made_when_their_round_asks_and_leave_the_inputs_alone():
-    from env_pool.inputs import adversarial
+    from env_pool.shared.inputs import adversarial
 
     shared = torch.linspace(-1.0, 1.0, 10_000)  # a get_inputs that hands out one tensor every call
     made = []
@@ -232,7 +232,7 @@ def test_the_harness_keeps_cpus_of_its_own_where_there_are_enough(monkeypatch, c
     ([], ""),
 ])
 def test_the_import_childs_architecture_is_read_back_from_torchs_own_gencode_flags(flags, arch):
-    from env_pool.cuda_arch import arch_list_from_flags
+    from env_pool.build.cuda_arch import arch_list_from_flags
 
     assert arch_list_from_flags(flags) == arch
 
@@ -244,7 +244,7 @@ def test_the_import_childs_architecture_is_read_back_from_torchs_own_gencode_fla
     ("SyntaxError: invalid syntax", False),
 ])
 def test_only_an_import_that_wanted_the_device_is_tried_again_with_it(log, needs):
-    from env_pool.cuda_arch import needs_device
+    from env_pool.build.cuda_arch import needs_device
 
     assert needs_device(log) is needs
 
@@ -272,7 +272,7 @@ def test_implausible_baselines_are_never_cached_and_fail_only_a_candidate_that_n
 def test_the_cpu_cache_flush_writes_twice_the_largest_cache_at_most_the_gpus_amount():
     from pathlib import Path
 
-    from env_pool.profile import FLUSH_BYTES, flush_bytes
+    from env_pool.shared.profile import FLUSH_BYTES, flush_bytes
 
     sizes = [s.read_text().strip() for s in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
     largest = max((int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] for s in sizes), default=0)
@@ -285,8 +285,8 @@ def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_aga
     """torch.compile in the first warm-up round kept the waiting servers paused through it (and timed nothing)."""
     from torch._dynamo.utils import counters
 
-    from env_pool import serve
-    from env_pool.rounds import plan_layout
+    from env_pool.candidate import serve
+    from env_pool.shared.rounds import plan_layout
     from tasks.loader import load_tasks
     from tasks.task import build_problem
 
@@ -307,7 +307,7 @@ def test_the_compiled_baseline_is_compiled_before_its_phase_is_ready_and_not_aga
 
 def test_a_models_weights_are_made_on_its_device_never_on_the_host_first():
     """level3/2_ShallowWideMLP's 8 GiB of weights built on the host first ran its servers over the memory limit."""
-    from env_pool.inputs import make_model
+    from env_pool.shared.inputs import make_model
     from tasks.task import build_problem
 
     source = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def __init__(self, n):\n"

@@ -19,11 +19,12 @@ import msgpack
 import pytest
 import torch
 
-from env_pool.harness import Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report, net_timing, resolved
-from env_pool.harness_process import HarnessProcess
-from env_pool.harness_request import HarnessRequest
-from env_pool.rounds import GO, READY, Control, SlotMemory, plan_layout
-from env_pool.sandbox import SandboxOutcome
+from env_pool.trusted.round_protocol import (Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report,
+                                             above_protocol_noise, net_timing)
+from env_pool.isolation.sandbox import SandboxOutcome
+from env_pool.shared.rounds import GO, READY, Control, SlotMemory, plan_layout
+from env_pool.trusted.harness_process import HarnessProcess
+from env_pool.trusted.harness_request import HarnessRequest
 from tasks.task import Task
 
 
@@ -58,7 +59,7 @@ def test_net_time_is_the_round_less_the_harness_own_work_in_the_null_phase_with_
     null_staging = [1_000_000, 1_000_000, 1_100_000]  # the null phase's input writes and output reads, not its rounds
     timing = net_timing([3_000_000, 5_000_000, 4_000_000], null_staging_ns=null_staging)
     assert timing.median_ms == pytest.approx(3.0) and timing.repetitions == 3
-    assert resolved(timing, staging_ns=[400_000] * 3)
+    assert above_protocol_noise(timing, staging_ns=[400_000] * 3)
     assert net_timing([500_000], null_staging_ns=[1_000_000]).median_ms == pytest.approx(1e-3)  # never zero or negative
 
 
@@ -67,8 +68,8 @@ def test_a_net_time_inside_the_protocols_noise_is_not_a_timing():
     null = [640_000, 700_000, 760_000, 800_000, 810_000, 790_000, 700_000]
     timing = net_timing([804_000, 790_000, 815_000, 805_000], null_staging_ns=null)
     # 45 us net against 240 us of copies in and out (a floor of 60 us): not a kernel's time.
-    assert timing.median_ms < 0.05 and not resolved(timing, staging_ns=[240_000] * 4)
-    assert resolved(timing, staging_ns=[80_000] * 4)
+    assert timing.median_ms < 0.05 and not above_protocol_noise(timing, staging_ns=[240_000] * 4)
+    assert above_protocol_noise(timing, staging_ns=[80_000] * 4)
 
 
 def test_the_server_report_keeps_only_short_well_formed_strings():
@@ -156,7 +157,7 @@ def test_each_slot_has_its_own_version_counter_and_sees_the_other_mappings_write
 
 
 def test_outputs_are_read_from_the_servers_own_memory_and_an_unreadable_place_fails():
-    from env_pool.readout import Unreadable, read_process
+    from env_pool.trusted.readout import Unreadable, read_process
 
     ready, done = os.pipe()
     child = subprocess.Popen([sys.executable, "-c", (
@@ -183,7 +184,7 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
     # KernelBench's HingeLoss lays out 4096.12 MB: its server reserved that unrounded size for an
     # allocation rounded up to 2 MiB, and every start failed (cuMemAddressReserve, CUresult 1).
     # The server's round allocates its output in the arena, where the harness reads it by offset.
-    from env_pool.readout import read_arena
+    from env_pool.trusted.readout import read_arena
 
     layout = plan_layout([torch.ones(3, 1000, device="cuda"), 3], [torch.ones(1000, device="cuda")], "cuda")
     assert layout.arena_offset % (2 << 20) == 0 and layout.arena_size >= 1000 * 4
@@ -192,8 +193,8 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
     torch.cuda.synchronize()
     server = (
         "import json, sys, torch\n"
-        "from env_pool.arena import Arena\n"
-        "from env_pool.rounds import Layout, SlotMemory\n"
+        "from env_pool.shared.arena import Arena\n"
+        "from env_pool.shared.rounds import Layout, SlotMemory\n"
         "layout = Layout.from_dict(json.loads(sys.argv[2]))\n"
         "memory = SlotMemory.attach(int(sys.argv[1]), layout.size + 4096, 'cuda')\n"
         "arena = Arena(memory.address(layout.arena_offset), layout.arena_size)\n"
@@ -219,13 +220,13 @@ def test_gpu_slots_of_a_size_off_the_allocation_granularity_attach_in_the_server
 def test_poison_asks_for_each_freed_block_as_its_pool_serves_it():
     """A freed 2 MiB small-pool segment asked for whole would be served by the large pool, new
     memory: the H100 test saw 20 MiB more reserved and the stale block left as it was."""
-    from env_pool.serve import SMALL_REQUEST, freed_block_requests
+    from env_pool.candidate.serve import SMALL_REQUEST, freed_block_requests
 
     snapshot = [
         {"segment_type": "small", "blocks": [{"state": "inactive", "size": 2 << 20}]},
         {"segment_type": "small", "blocks": [{"state": "active_allocated", "size": 4096}, {"state": "inactive", "size": 8192}]},
         {"segment_type": "large", "blocks": [{"state": "inactive", "size": 280 << 20}, {"state": "active_allocated", "size": 2 << 20}]},
-        # the arena's private pool (env_pool/arena.py): round data the harness reads anyway, and
+        # the arena's private pool (env_pool/shared/arena.py): round data the harness reads anyway, and
         # asking for its blocks from the default pool would only allocate that much new memory
         {"segment_type": "large", "segment_pool_id": (1, 0), "blocks": [{"state": "inactive", "size": 6 << 30}]},
     ]
@@ -237,7 +238,7 @@ def test_gpu_poison_fills_every_freed_block_and_holds_no_more_memory():
     """A candidate's torch.empty gets a freed block of its server's allocator: it must read NaN,
     never what the reference's build left there. Half the free memory poisoned and kept cached
     (the old way, which missed these blocks) ran the harness out of memory on KernelBench's level 1."""
-    from env_pool.serve import poison_freed_memory
+    from env_pool.candidate.serve import poison_freed_memory
 
     sizes = [1000, 300_000, 5_000_000, 70_000_000]  # the small pool's blocks and the large pool's
     stale = [torch.full((n,), 3.0, device="cuda") for n in sizes]
@@ -252,7 +253,7 @@ def test_gpu_poison_fills_every_freed_block_and_holds_no_more_memory():
 def test_a_baselines_server_gets_its_own_host_memory_limit():
     """torch.compile of KernelBench's level2/65 took 9.4 GB of host memory on an H100 host: over
     a candidate's 8 GB, its trusted server ended out of memory and the problem had no baselines."""
-    from env_pool.harness import server_spec
+    from env_pool.trusted.round_protocol import server_spec
 
     request = request_for(Task(id="t", level=1, source="x = 1\n"), memory_limit_mb=8192, baseline_memory_limit_mb=32768)
     rounds = SimpleNamespace(request=request, device="cpu")
@@ -282,13 +283,13 @@ def test_a_harness_that_dies_is_restarted_and_a_bad_request_does_not_kill_it(tmp
     ("the baselines measured implausibly", False),
 ])
 def test_out_of_memory_is_recognised_as_torch_and_the_driver_word_it(message, oom):
-    from env_pool.harness import out_of_memory
+    from env_pool.trusted.harness import out_of_memory
 
     assert out_of_memory(message) is oom
 
 
 def test_the_task_cache_keeps_what_its_device_budget_holds_besides_the_newest_task():
-    from env_pool import harness
+    from env_pool.trusted import harness
     from tasks.loader import load_tasks
 
     tasks = {t.id: t for t in load_tasks()[0]}
@@ -312,7 +313,7 @@ def test_the_task_cache_keeps_what_its_device_budget_holds_besides_the_newest_ta
 
 def test_a_request_out_of_device_memory_is_tried_again_without_the_other_cached_tasks(monkeypatch):
     """Real cached tasks (references, round memory); the device's OOM itself cannot happen on this CPU machine."""
-    from env_pool import harness
+    from env_pool.trusted import harness
     from tasks.loader import load_tasks
 
     tasks = {t.id: t for t in load_tasks()[0]}
@@ -343,8 +344,8 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
     wall limit). Here the harness's whole round start lands at that worst moment: in the
     server's own write of READY.
     """
-    from env_pool import serve
-    from env_pool.rounds import DONE, STOP
+    from env_pool.candidate import serve
+    from env_pool.shared.rounds import DONE, STOP
     from tasks.loader import load_tasks
 
     nonce = (1 << 61) | 12345

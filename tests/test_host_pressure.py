@@ -1,4 +1,4 @@
-"""A run that fails while the machine is short of memory, or its CPUs are held by others, says so (env_pool/host_pressure.py)."""
+"""A run that fails while the machine is short of memory, or its CPUs are held by others, says so (env_pool/isolation/host_pressure.py)."""
 from __future__ import annotations
 
 import os
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from env_pool import host_pressure
 from env_pool.evaluate import machine_at_fault
-from env_pool.harness_process import HarnessProcess
-from env_pool.host_pressure import HostState, Process
+from env_pool.isolation import host_pressure
+from env_pool.isolation.host_pressure import HostState, Process
+from env_pool.trusted.harness_process import HarnessProcess
 
 COMPILERS = (Process(4380, "cc1plus -quiet", 1706.0, 0.1), Process(4373, "cc1plus -quiet", 1690.0, 0.1))
 

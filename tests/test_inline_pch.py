@@ -1,4 +1,4 @@
-"""The precompiled torch/extension.h (env_pool/inline_pch.py): built on the trusted side, used by load_inline's own builds."""
+"""The precompiled torch/extension.h (env_pool/build/inline_pch.py): built on the trusted side, used by load_inline's own builds."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from env_pool import inline_pch
+from env_pool.build import inline_pch
 from env_pool.pool import EnvPool
 from tasks.loader import load_tasks
 from tests.process_census import census, header_jobs, remaining, wait_for

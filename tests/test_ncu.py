@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from env_pool.isolation.sandbox import SandboxLimits, run_sandboxed
 from env_pool.ncu import parse_ncu_csv, summarize, unavailable_reason
 from env_pool.pool import EnvPool
-from env_pool.sandbox import SandboxLimits, run_sandboxed
 from tasks.loader import load_tasks
 
 SAMPLE = Path(__file__).parent / "data" / "ncu_details_sample.csv"

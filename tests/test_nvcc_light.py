@@ -1,4 +1,4 @@
-"""env_pool/nvcc_light.py: a load_inline kernel file built lean, then as written, the first that builds kept.
+"""env_pool/build/nvcc_light.py: a load_inline kernel file built lean, then as written, the first that builds kept.
 
 Real nvcc on tiny files. The build's include path has a small stand-in torch/ (types.h and an
 extension.h that defines FULL_ONLY), so the lean build finds the light extension.h and the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from env_pool import nvcc_light
+from env_pool.build import nvcc_light
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc")

@@ -1,4 +1,4 @@
-"""env_pool/nvcc_split.py: nvcc's host and device chains side by side, with nvcc's own plan (--dryrun) and tools.
+"""env_pool/build/nvcc_split.py: nvcc's host and device chains side by side, with nvcc's own plan (--dryrun) and tools.
 
 Real nvcc on a tiny kernel file (no GPU needed to compile). That the object also loads and
 runs is shown on the GPU, where load_inline's kernel files are built this way (the corpus's
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from env_pool import nvcc_split
+from env_pool.build import nvcc_split
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")

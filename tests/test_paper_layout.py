@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch.utils.cpp_extension as cpp_extension
 
-from env_pool import paper_layout
+from env_pool.build import paper_layout
 from env_pool.evaluate import write_candidate
 from env_pool.pool import EnvPool
 from tasks.loader import load_task_file

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from env_pool.code_sampler import CpuSampler, Disturbance, SamplerUnavailable
 from env_pool.evaluate import BuildGate
+from env_pool.trusted.code_sampler import CpuSampler, Disturbance, SamplerUnavailable
 
 
 def test_builds_wait_while_baselines_are_timed_and_the_timing_waits_for_running_builds():

@@ -1,5 +1,5 @@
 """The candidate computes only inside its round's window: frozen outside it, its outputs read where
-it left them (env_pool/cgroups.py's Freezer, env_pool/readout.py, env_pool/arena.py)."""
+it left them (env_pool/isolation/cgroups.py's Freezer, env_pool/trusted/readout.py, env_pool/shared/arena.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from env_pool.arena import LARGE_ALIGN, Pieces
-from env_pool.cgroups import RunCgroups
+from env_pool.isolation.cgroups import RunCgroups
 from env_pool.pool import EnvPool
+from env_pool.shared.arena import LARGE_ALIGN, Pieces
 from tasks.loader import load_tasks
 
 DATA = Path(__file__).parent / "data"

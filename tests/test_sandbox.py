@@ -1,4 +1,4 @@
-"""env_pool.sandbox: real child processes, each hostile case a small Python program."""
+"""env_pool.isolation.sandbox: real child processes, each hostile case a small Python program."""
 from __future__ import annotations
 
 import os
@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from env_pool import sandbox
-from env_pool.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
-from env_pool.sandbox_channels import HeadTail
+from env_pool.isolation import sandbox
+from env_pool.isolation.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.isolation.sandbox_channels import HeadTail
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
@@ -68,7 +68,7 @@ def test_normal_child_returns_result_and_output(tmp_path, monkeypatch):
     out = run(
         """
         import os, sys
-        from env_pool.result_channel import child_result_channel
+        from env_pool.isolation.result_channel import child_result_channel
         channel = child_result_channel()
         data = sys.stdin.buffer.read()
         print("payload", len(data), "home", os.environ["HOME"], "cwd", os.getcwd())
@@ -102,7 +102,7 @@ def test_nonzero_exit_without_result_is_a_crash(tmp_path):
     answered = run(
         """
         import sys
-        from env_pool.result_channel import child_result_channel
+        from env_pool.isolation.result_channel import child_result_channel
         child_result_channel().write(b"error report")
         sys.exit(3)
         """,
@@ -458,7 +458,7 @@ def test_child_that_never_reads_stdin_completes(tmp_path):
 def test_large_result_round_trips(tmp_path):
     out = run(
         """
-        from env_pool.result_channel import child_result_channel
+        from env_pool.isolation.result_channel import child_result_channel
         with child_result_channel() as ch:
             ch.write(b"r" * (20 << 20))
         """,
@@ -472,7 +472,7 @@ def test_concurrent_runs_do_not_mix(tmp_path):
 
     code = """
         import sys
-        from env_pool.result_channel import child_result_channel
+        from env_pool.isolation.result_channel import child_result_channel
         ch = child_result_channel()
         data = sys.stdin.buffer.read()
         print("run", data.decode())
@@ -655,7 +655,7 @@ def test_the_candidate_cannot_widen_its_cpus_after_the_seccomp_filter(tmp_path):
     out = run(
         """
         import ctypes, os
-        from env_pool.seccomp import forbid_processes
+        from env_pool.candidate.seccomp import forbid_processes
         forbid_processes()
         try:
             os.sched_setaffinity(0, {0, 1})
@@ -716,7 +716,7 @@ def test_visible_paths_are_all_the_child_sees(tmp_path, outside_tmp):
     assert not (real / "bin" / "x").exists()
 
 
-# ---- a run started ahead of its payload (WarmStart: env_pool/server_pool.py's warm servers) -----------
+# ---- a run started ahead of its payload (WarmStart: env_pool/trusted/server_pool.py's warm servers) -----------
 
 
 def start_warm(code: str, scratch: Path, **limits) -> tuple[sandbox.WarmStart, dict, threading.Thread]:

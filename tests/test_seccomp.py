@@ -1,4 +1,4 @@
-"""env_pool.seccomp: the candidate's process may run threads but never start a process or a program.
+"""env_pool.candidate.seccomp: the candidate's process may run threads but never start a process or a program.
 
 Each case is a real child process that installs the filter and then does one thing; the
 filter's verdict is the child's fate (SIGSYS kill, or a normal exit).
@@ -24,7 +24,7 @@ CORPUS = Path(__file__).parent / "env_corpus"
 PRELUDE = """
 import ctypes, os, sys, threading
 sys.path.insert(0, {repo!r})
-from env_pool.seccomp import forbid_processes
+from env_pool.candidate.seccomp import forbid_processes
 libc = ctypes.CDLL(None)
 """.format(repo=str(REPO))
 
@@ -130,7 +130,7 @@ def test_legitimate_openmp_kernel_passes_with_the_filter_on(tmp_path):
 
 def test_code_that_no_file_names_is_refused_and_files_still_load(tmp_path):
     # The harness's code sampler attributes every sampled instruction to the file mapped there;
-    # code in anonymous or re-labelled memory must not exist (env_pool/code_sampler.py).
+    # code in anonymous or re-labelled memory must not exist (env_pool/trusted/code_sampler.py).
     source = tmp_path / "k.c"
     source.write_text("int twice(int x) { return 2 * x; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(tmp_path / "k.so")], check=True)

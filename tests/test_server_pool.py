@@ -1,4 +1,4 @@
-"""env_pool.server_pool: candidates' servers started ahead of need, each used for one candidate only.
+"""env_pool.trusted.server_pool: candidates' servers started ahead of need, each used for one candidate only.
 
 Real evaluations on the cpp backend: a worker with warm servers gives its second evaluation a
 server that was started before it was asked for, and nothing the first candidate left behind
@@ -74,7 +74,7 @@ def test_without_warm_servers_every_evaluation_starts_its_own(tmp_path, gelu):
 @pytest.mark.parametrize("is_contended", [True, False])
 def test_a_contended_harness_refills_after_the_run_not_as_a_server_is_taken(tmp_path, monkeypatch, is_contended):
     """On a harness with few CPUs a start-up begun as timed rounds begin disturbs its clock: none starts in take()."""
-    from env_pool import server_pool
+    from env_pool.trusted import server_pool
 
     monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
     spec = server_pool.ServerSpec(device="cpu", threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(), startup_cpus=(),
@@ -94,7 +94,7 @@ def test_a_contended_harness_refills_after_the_run_not_as_a_server_is_taken(tmp_
 @pytest.mark.parametrize("device, is_contended, shielded", [("cuda", False, True), ("cpu", False, False), ("cpu", True, True)])
 def test_timed_rounds_on_a_gpu_are_shielded_from_start_ups_whatever_the_cpus(monkeypatch, device, is_contended, shielded):
     """A start-up's CUDA context and first kernels share the device with a timed run (H100: baselines 2-4x slow)."""
-    from env_pool import server_pool
+    from env_pool.trusted import server_pool
 
     monkeypatch.setattr(server_pool, "contended", lambda: is_contended)
     pool = server_pool.ServerPool()
@@ -110,7 +110,7 @@ def test_a_server_takes_copies_so_a_retry_of_the_request_finds_the_files(tmp_pat
     from types import SimpleNamespace
 
     from env_pool.evaluate import seal
-    from env_pool.server_pool import Server
+    from env_pool.trusted.server_pool import Server
 
     scratch = tmp_path / "scratch"
     (scratch / "build").mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_a_server_takes_copies_so_a_retry_of_the_request_finds_the_files(tmp_pat
 
 
 def _spec(tmp_path, device: str = "cpu"):
-    from env_pool import server_pool
+    from env_pool.trusted import server_pool
 
     return server_pool.ServerSpec(device=device, threads=1, wall_s=30.0, memory_mb=2048, hidden=(), required=(), cpus=(),
                                   startup_cpus=(), trusted=False, inductor_dir="", root=str(tmp_path))
@@ -143,7 +143,7 @@ def test_the_pool_hands_out_a_server_whose_start_up_is_done_before_an_older_one_
     """A taken server still starting makes its evaluation wait for the start-up; one that said it is done goes first."""
     import time
 
-    from env_pool import server_pool
+    from env_pool.trusted import server_pool
 
     monkeypatch.setattr(server_pool, "contended", lambda: True)  # no refill in take(): the pool holds only these two
     spec = _spec(tmp_path)
@@ -170,8 +170,8 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
     """The pause covers the rounds, not the wait for a phase: paused through that too, start-ups progressed
     only between evaluations, and each warm full evaluation on the H100 waited ~12 s for the server it took."""
     from configs.schema import EnvConfig
-    from env_pool import harness, server_pool
     from env_pool.evaluate import Baseline, EvalContext, evaluate
+    from env_pool.trusted import round_protocol, server_pool
     from protocol.results import Timing
     from scripts.profile_harness import InProcessHarness
 
@@ -189,8 +189,8 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
             return original(self, *args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(harness.Rounds, "wait_ready", spy("wait", harness.Rounds.wait_ready))
-    monkeypatch.setattr(harness.Rounds, "_write_inputs", spy("rounds", harness.Rounds._write_inputs))
+    monkeypatch.setattr(round_protocol.Rounds, "wait_ready", spy("wait", round_protocol.Rounds.wait_ready))
+    monkeypatch.setattr(round_protocol.Rounds, "_write_inputs", spy("rounds", round_protocol.Rounds._write_inputs))
     files = files_of(CORPUS / "legit" / "gelu_omp")
     try:
         first = asyncio.run(evaluate(ctx, gelu, files, "verify"))  # starts the pool (refilled after its run)

@@ -10,7 +10,7 @@ _lib.gelu_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 _lib.gelu_forward.restype = None
 
 try:
-    import env_pool.verify  # noqa: F401
+    import env_pool.trusted.verify  # noqa: F401
     from tasks.loader import load_tasks  # noqa: F401
 except Exception:
     load_tasks = None

@@ -1,5 +1,5 @@
 // rt3_shm_exec_jit: code in a writable and executable mapping, despite the seccomp filter.
-// env_pool/seccomp.py refuses mmap/mprotect of writable+executable or anonymous executable
+// env_pool/candidate/seccomp.py refuses mmap/mprotect of writable+executable or anonymous executable
 // memory, but not SysV shared memory: shmat(..., SHM_EXEC) maps a segment rwx (measured: an
 // "rwxs /SYSV00000000 (deleted)" mapping under the filter). The ReLU's machine code is copied
 // there from this library and run from the copy: code that no file names. The harness's code

@@ -1,11 +1,11 @@
 """A server's round allocations on a GPU, served from the arena the harness shares with it.
 
-UNTRUSTED SIDE (used by env_pool/serve.py): it runs in the server's process, in the candidate's
+UNTRUSTED SIDE (used by env_pool/candidate/serve.py): it runs in the server's process, in the candidate's
 reach, and the harness believes nothing of it. It exists so that a round's outputs need no copy
 in the server: every allocation the server's forward makes on its thread (the reference's
 outputs, a candidate's ``torch.empty_like``, temporaries) comes from the arena, a part of the
-round memory that the harness maps too (env_pool/rounds.py), and the harness reads each output
-where it lies (env_pool/readout.py). A copy the server made would be one a candidate could skip
+round memory that the harness maps too (env_pool/shared/rounds.py), and the harness reads each output
+where it lies (env_pool/trusted/readout.py). A copy the server made would be one a candidate could skip
 by writing into protocol memory itself; here the reference pays for none, and neither does a
 candidate's ordinary output.
 

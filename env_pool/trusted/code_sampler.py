@@ -1,6 +1,6 @@
 """Which code the candidate's CPUs ran during its rounds: sampled by the kernel, read by the harness.
 
-TRUSTED SIDE (used by env_pool/harness.py). The in-process fallback detector (guards.py) lives
+TRUSTED SIDE (used by env_pool/trusted/harness.py). The in-process fallback detector (guards.py) lives
 where the candidate can switch it off; this one does not. The harness opens one perf event per
 server CPU (``perf_event_open``, a software cpu-clock event, pid -1: every task on that CPU),
 and the kernel writes a sample (pid, instruction pointer, time) into a ring buffer that only
@@ -32,7 +32,7 @@ only) is the median round's torch time beyond the same server's null phase by mo
 ``TORCH_FLOOR_NS`` (a legitimate forward spends a little time in torch: ``torch.empty`` for its
 outputs, the dispatcher).
 
-The candidate cannot make new code look like its own: its seccomp filter (env_pool/seccomp.py)
+The candidate cannot make new code look like its own: its seccomp filter (env_pool/candidate/seccomp.py)
 refuses anonymous executable memory, ``mprotect`` to executable, ``memfd_create`` and
 ``mremap``, so code it can run is a file mapping, and the kernel names the file in a record
 that a second event per CPU writes for the whole phase.
@@ -60,6 +60,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from env_pool.build.compile import EXTENSIONS
 from tasks.rules import STRICT, Rules
 
 PERIOD_NS = 100_000  # mean time between samples on each server CPU (the period is redrawn at random: see reperiod)
@@ -85,7 +86,6 @@ _CPUMODE_MASK, _CPUMODE_KERNEL = 7, 1
 _HEAD, _TAIL = 1024, 1032  # offsets of data_head and data_tail in struct perf_event_mmap_page
 
 CATEGORIES = ("own", "runtime", "torch", "library", "kernel")
-EXTENSIONS = ".torch_extensions"  # TORCH_EXTENSIONS_DIR in the scratch folder: where load_inline builds
 _RUNTIME = re.compile(r"^(python[\d.]*|libpython[\d.]+.*|ld-linux.*|ld-.*\.so.*|lib(c|m|dl|rt|pthread|util|resolv|"
                       r"stdc\+\+|gcc_s|gomp|iomp5|ffi|z|bz2|lzma|crypt|uuid|expat|ssl|crypto)([-.].*)?\.so.*|"
                       r"libgomp-[0-9a-f]+\.so.*|lib(cuda|cudart|nvidia-[\w-]+|nvrtc)\.so.*|"

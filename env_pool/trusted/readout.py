@@ -1,12 +1,12 @@
 """The harness reads a round's outputs where the server's forward left them, with the server frozen.
 
-TRUSTED SIDE (used by env_pool/harness.py). The server writes, for each output, where it lies
+TRUSTED SIDE (used by env_pool/trusted/harness.py). The server writes, for each output, where it lies
 (rounds.OUTS words: untrusted numbers); nothing of the output passes through a copy the
-server makes, so there is no copy the candidate can skip (see env_pool/rounds.py). What is
+server makes, so there is no copy the candidate can skip (see env_pool/shared/rounds.py). What is
 read is checked like any output; a location that cannot be read fails the round.
 
 - CPU: ``process_vm_readv`` from the server's address space. The server is frozen (its cgroup,
-  env_pool/cgroups.py's Freezer) from its DONE until this returns, so nothing it does can
+  env_pool/isolation/cgroups.py's Freezer) from its DONE until this returns, so nothing it does can
   change what is read, or race the read. The kernel refuses an address outside its mappings
   (EFAULT); the candidate's seccomp filter refuses ``userfaultfd``, so no page of it can make
   this read wait on the frozen process.

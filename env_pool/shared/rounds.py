@@ -1,6 +1,6 @@
 """The memory of the round protocol: a control block, the input slots and, on a GPU, the arena.
 
-The trusted harness (env_pool/harness.py) and a server (env_pool/serve.py, sandboxed) map the
+The trusted harness (env_pool/trusted/harness.py) and a server (env_pool/candidate/serve.py, sandboxed) map the
 same memory. The harness writes each round's fresh inputs into the input slots and a fresh
 nonce into ``GO``; the server runs the model, writes where each output lies into the ``OUTS``
 words, and writes the nonce into ``DONE``. Both sides spin on these words instead of sleeping
@@ -10,9 +10,9 @@ Outputs are never copied into protocol memory by the server: a copy made in the 
 process is one the candidate can skip (it wrote its result straight into the slot and returned
 it, so the server's copy was a move onto itself, while the null phase's copy was still
 subtracted: 1.10-1.15x eager for a kernel that moved 1.75x the memory). The harness reads each
-output where the server's forward left it (env_pool/readout.py): on the CPU from the server's
+output where the server's forward left it (env_pool/trusted/readout.py): on the CPU from the server's
 own memory (``process_vm_readv``, the server frozen); on a GPU from the arena, a part of the
-shared allocation from which the server's round allocates everything (env_pool/arena.py), so
+shared allocation from which the server's round allocates everything (env_pool/shared/arena.py), so
 the reference's output and a candidate's ``torch.empty_like`` land there without a copy.
 
 Deliberately shared across the trust boundary: this module holds only the layout. The server's

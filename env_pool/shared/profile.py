@@ -1,6 +1,6 @@
 """Timing helpers: cache flushing, whole-device synchronisation, and a plain timing loop.
 
-The reward's timings are the trusted harness's (env_pool/harness.py): it flushes with
+The reward's timings are the trusted harness's (env_pool/trusted/harness.py): it flushes with
 CacheFlusher and synchronises with synchronize() around every round. ``time_callable`` is the
 plain loop that the agent's informational reference profile uses (env_pool/reference_profile.py).
 """

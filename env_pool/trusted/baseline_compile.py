@@ -1,10 +1,10 @@
 """Tasks' torch.compile baselines compiled ahead, into the inductor cache their trusted servers read.
 
 TRUSTED SIDE: task references only, never a candidate's code. A task's first baselines are
-timed in a trusted server (env_pool/serve.py) that compiles the reference in its build, while
+timed in a trusted server (env_pool/candidate/serve.py) that compiles the reference in its build, while
 the worker's timing lane waits: 5-60 s a task on the H100 host. A sweep over many tasks
 compiles them here first, several processes at once off the lane, so each server's compile is
-a cache hit (``python -m env_pool.baseline_compile``, jobs on stdin as msgpack, a JSON line per
+a cache hit (``python -m env_pool.trusted.baseline_compile``, jobs on stdin as msgpack, a JSON line per
 task on stdout).
 
 The compile is the server's own (serve.build_phase, the same torch settings and environment:
@@ -28,7 +28,7 @@ BEST_CONFIG = "*.best_config"  # Triton's autotuning choice, kept by inductor be
 
 def compile_ahead(job: dict) -> float:
     """Compile one task's baseline as its server would (job: task, backend, compile_mode, threads); seconds taken."""
-    from env_pool import serve
+    from env_pool.candidate import serve
     from tasks.task import build_problem
 
     payload = {**job, "init_seed": 0}

@@ -9,7 +9,7 @@ raise ``SandboxError``, which the caller maps to an ``infra`` failure.
 
 How one run is put together (parent = the worker calling ``run_sandboxed``):
 
-    parent ── shim (env_pool/sandbox_shim.py, run as ``python -I -S -c TEXT CONFIG``)
+    parent ── shim (env_pool/isolation/sandbox_shim.py, run as ``python -I -S -c TEXT CONFIG``)
                  │  new session and process group; joins fresh cgroups; pins itself to the
                  │  run's CPUs; unshares the network, IPC and mount namespaces and builds the
                  │  filesystem view (read-only root, or a fresh root of chosen paths only;
@@ -27,11 +27,11 @@ the tree's resident memory, and at the end kills the process group, every proces
 the cgroups, so nothing survives even where a namespace could not be created.
 
 The trusted side, one job a module: this one (the limits, the run's configuration, the wall
-clock and the verdict), env_pool/cgroups.py (the run's cgroups), env_pool/sandbox_watchdog.py
-(the tree's membership, memory, CPU moves and kill), env_pool/sandbox_channels.py (the pipes).
-env_pool/sandbox_shim.py is the inside: self-contained, it imports nothing of this package;
+clock and the verdict), env_pool/isolation/cgroups.py (the run's cgroups), env_pool/isolation/sandbox_watchdog.py
+(the tree's membership, memory, CPU moves and kill), env_pool/isolation/sandbox_channels.py (the pipes).
+env_pool/isolation/sandbox_shim.py is the inside: self-contained, it imports nothing of this package;
 its note lists every field of the configuration it accepts. The sandboxed program's end of
-the result channel is env_pool/result_channel.py.
+the result channel is env_pool/isolation/result_channel.py.
 
 What the parent takes from the other side, and how: the shim's status lines (JSON, malformed
 ones skipped; only the shim and the child before exec hold that pipe; see the shim's note),
@@ -63,10 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from env_pool.cgroups import Freezer, RunCgroups
-from env_pool.result_channel import RESULT_FD_ENV
-from env_pool.sandbox_channels import BoundedBytes, HeadTail, drain, feed
-from env_pool.sandbox_watchdog import ExitWaiter, TreeWatch
+from env_pool.isolation.cgroups import Freezer, RunCgroups
+from env_pool.isolation.result_channel import RESULT_FD_ENV
+from env_pool.isolation.sandbox_channels import BoundedBytes, HeadTail, drain, feed
+from env_pool.isolation.sandbox_watchdog import ExitWaiter, TreeWatch
 
 # Protections the parent applies itself, always present in SandboxOutcome.isolation.
 _PARENT_SIDE = ("session", "rss-watchdog", "wall-clock", "tree-kill")
@@ -143,7 +143,7 @@ class SandboxLimits:
     # CPUs the run may use (os.sched_setaffinity of the shim before it forks, so the child and
     # every thread it starts inherit them; label "cpu-affinity"; plus cpuset.cpus of the run's
     # cgroup where a cpuset controller is there, "cgroup-cpuset"). The runner's seccomp filter
-    # (env_pool/seccomp.py) refuses sched_setaffinity, so the candidate cannot widen them.
+    # (env_pool/candidate/seccomp.py) refuses sched_setaffinity, so the candidate cannot widen them.
     # Empty: no restriction.
     cpus: tuple[int, ...] = ()
     # Non-empty: the child sees only these paths (bound read-only; symlinks resolved, and the
@@ -279,9 +279,9 @@ def run_sandboxed(
     Returns whatever the child did; raises ``SandboxError`` only when the sandbox could not run
     it (the program cannot be executed, a required isolation is unavailable, the shim failed).
     ``pass_fds`` are inherited by the child under the same numbers (shared memory of the round
-    protocol, env_pool/rounds.py); the caller keeps and closes its own copies. A ``WarmStart``
+    protocol, env_pool/shared/rounds.py); the caller keeps and closes its own copies. A ``WarmStart``
     as the payload starts the run now and feeds it later, and tells its processes (see WarmStart:
-    the harness's code sampler, env_pool/code_sampler.py, attributes their samples).
+    the harness's code sampler, env_pool/trusted/code_sampler.py, attributes their samples).
     """
     import subprocess
 
@@ -519,6 +519,7 @@ def run_sandboxed(
     )
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # env_pool/isolation/sandbox.py: the project's checkout
 # The capabilities a run may keep (SandboxLimits.keep_capabilities), by number.
 _CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
@@ -526,7 +527,7 @@ _CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 def _paths_to_keep(argv: list[str], env: dict[str, str]) -> list[str]:
     """What the child needs that the private /tmp would cover: a checkout, venv or include folder (CPATH) under /tmp."""
     wanted = [sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(os.path.abspath(argv[0])),
-              *env.get("PYTHONPATH", "").split(os.pathsep), *env.get("CPATH", "").split(os.pathsep), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+              *env.get("PYTHONPATH", "").split(os.pathsep), *env.get("CPATH", "").split(os.pathsep), str(CHECKOUT)]
     return sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p) and os.path.realpath(p).startswith("/tmp/")})
 
 
@@ -585,7 +586,7 @@ _shim_source_cache: list[str] = []
 
 
 def _shim_source() -> str:
-    """The shim's text (env_pool/sandbox_shim.py), read once: it runs as ``python -I -S -c TEXT``."""
+    """The shim's text (env_pool/isolation/sandbox_shim.py), read once: it runs as ``python -I -S -c TEXT``."""
     if not _shim_source_cache:
         _shim_source_cache.append((Path(__file__).parent / "sandbox_shim.py").read_text())
     return _shim_source_cache[0]

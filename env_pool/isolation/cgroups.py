@@ -1,7 +1,7 @@
 """Fresh cgroups for one sandboxed run: caps, CPU placement, membership and a kill switch.
 
-Trusted side (the worker's process): ``run_sandboxed`` (env_pool/sandbox.py) creates them
-before the shim starts, the shim (env_pool/sandbox_shim.py) joins them by writing its pid
+Trusted side (the worker's process): ``run_sandboxed`` (env_pool/isolation/sandbox.py) creates them
+before the shim starts, the shim (env_pool/isolation/sandbox_shim.py) joins them by writing its pid
 into each ``cgroup.procs`` listed in ``join_list()``, and every process of the run inherits
 them. Everything is soft: a controller the machine lacks is simply not listed, and the labels
 say what was made (the run's ``required_isolation`` decides whether that is enough).
@@ -279,7 +279,7 @@ def _own_cgroups() -> dict[str, str]:
 def _unescape(path: str) -> str:
     """Undo /proc/self/mountinfo's octal escapes (\\040 for a space, ...).
 
-    The shim (env_pool/sandbox_shim.py) has its own copy: it imports nothing from here.
+    The shim (env_pool/isolation/sandbox_shim.py) has its own copy: it imports nothing from here.
     """
     parts = path.split("\\")
     out = [parts[0]]

@@ -1,15 +1,15 @@
-"""A model server in a sandboxed process: ``python -P -m env_pool.serve``, payload on stdin.
+"""A model server in a sandboxed process: ``python -P -m env_pool.candidate.serve``, payload on stdin.
 
 UNTRUSTED SIDE. The candidate's code runs in this process, so everything here is in its reach
-and nothing it produces is believed: the trusted harness (env_pool/harness.py) times every
+and nothing it produces is believed: the trusted harness (env_pool/trusted/harness.py) times every
 round on its own clock, writes every input, and verifies every output. This module only serves.
 
 It serves its phases in order (payload ``phases``), each over the shared rounds memory
-(env_pool/rounds.py): for each phase it builds the model, sets READY, then per round waits
+(env_pool/shared/rounds.py): for each phase it builds the model, sets READY, then per round waits
 for GO, runs forward on the input slots, writes where each output lies into the OUTS words
-(never copying it: the harness reads it there, env_pool/readout.py) and sets DONE. The
+(never copying it: the harness reads it there, env_pool/trusted/readout.py) and sets DONE. The
 harness freezes the whole process outside that window. On a GPU every allocation of a round
-comes from the shared arena (env_pool/arena.py). Phases:
+comes from the shared arena (env_pool/shared/arena.py). Phases:
 
 - ``null``: returns ready-made outputs of the right shapes, written afresh each round: its
   rounds time what the harness itself does (writing inputs, reading outputs), which it
@@ -41,12 +41,14 @@ from typing import Any, Callable
 import msgpack
 import torch
 
-from env_pool import guards, paper_layout, seccomp
-from env_pool.arena import Arena
-from env_pool.inputs import build_on, make_model
-from env_pool.profile import synchronize
-from env_pool.result_channel import child_exit, child_result_channel
-from env_pool.rounds import DONE, GO, OUTS, READY, STOP, Control, Layout, Slot, SlotMemory
+from env_pool.build import paper_layout
+
+from env_pool.candidate import guards, seccomp
+from env_pool.isolation.result_channel import child_exit, child_result_channel
+from env_pool.shared.arena import Arena
+from env_pool.shared.inputs import build_on, make_model
+from env_pool.shared.profile import synchronize
+from env_pool.shared.rounds import DONE, GO, OUTS, READY, STOP, Control, Layout, Slot, SlotMemory
 from tasks.rules import rules_named
 from tasks.solution import SOLUTION_FILE, uses_extension_module
 from tasks.task import Task, build_problem
@@ -252,7 +254,7 @@ def _check_output(value: Any, spec: Slot, device: str, where: str) -> None:
 
 
 # ----------------------------------------------------------------------------- candidate helpers
-# Also used by env_pool/runner.py (the load_inline import step and the ncu run).
+# Also used by env_pool/candidate/runner.py (the load_inline import step and the ncu run).
 
 def load_solution(scratch: Path, backend: str, fast_math: bool = False) -> Any:
     """Import the candidate's model_new.py (its paper-layout cuda_extension first, if it has one:

@@ -8,7 +8,7 @@ frontend and pybind11, which nvcc parses three times (cudafe++'s host pass, cicc
 gcc's host compile). On the H100 machine (``nvcc -time``) that was 74 of the file's 80 s; with
 ``torch/types.h`` in its place (torch::Tensor, ATen's ops, TORCH_CHECK, the dispatch macros:
 what a kernel's launcher uses) the file took 39 s. The binding (pybind11) is load_inline's
-main.cpp, which g++ compiles against the precompiled header (env_pool/inline_pch.py).
+main.cpp, which g++ compiles against the precompiled header (env_pool/build/inline_pch.py).
 
 So the import child's torch is given a view of the CUDA toolkit (``install``) whose bin/nvcc
 runs ``main`` here: a kernel file is built two ways, and the first that builds, in this order,
@@ -16,7 +16,7 @@ is kept:
 - lean: ``-I LEAN -I LIGHT``: torch/extension.h is torch/types.h, and ATen's two headers that
   include every operator (ATen/Functions.h and ATen/NativeFunctions.h: 43% of torch/types.h's
   preprocessed text) include only the operators the file names (``lean_headers``); nvcc's host
-  and device passes run side by side (env_pool/nvcc_split.py);
+  and device passes run side by side (env_pool/build/nvcc_split.py);
 - as given.
 With ``AT_ONCE_CPUS`` CPUs or more the two run at once (a file that needs the full header costs
 nothing extra in wall time); with fewer, the second runs only if the first failed (both at once

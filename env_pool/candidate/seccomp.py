@@ -1,6 +1,6 @@
 """No new processes, no wider CPU set, no unnamed code in the candidate's process: a seccomp filter, installed by its server.
 
-Python's audit hooks (env_pool/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
+Python's audit hooks (env_pool/candidate/guards.py) see ``subprocess``, ``os.system`` and ``os.fork``
 called from Python, but not ``system()``, ``fork()`` or ``execve()`` called from a kernel's
 native code; the PID namespace only contains such a process, it does not stop it. This filter
 makes the kernel refuse them for every thread of the candidate's process:
@@ -17,7 +17,7 @@ makes the kernel refuse them for every thread of the candidate's process:
   (SandboxLimits.cpus); without this a kernel could move its threads onto every core of the
   machine (os.sched_setaffinity, pthread_setaffinity_np, OpenMP's proc_bind) and slow the
   evaluations running beside it. A refusal, not a kill: OpenMP runtimes try it and carry on.
-- No code that the kernel would not name to the harness's code sampler (env_pool/code_sampler.py,
+- No code that the kernel would not name to the harness's code sampler (env_pool/trusted/code_sampler.py,
   which attributes every sampled instruction to the file mapped there), and no change to the
   code of a file it names: ``mmap`` of anonymous executable memory, and of any memory both
   writable and executable (a private writable and executable mapping of kernel.so, its padding
@@ -95,7 +95,7 @@ _ARCHES = {
                 "io_uring_setup": 425, "shmat": 196},
 }
 # Refused with EPERM: calls that would let code appear without the kernel naming its file to the
-# harness's code sampler (env_pool/code_sampler.py), or move a mapping under another's name.
+# harness's code sampler (env_pool/trusted/code_sampler.py), or move a mapping under another's name.
 _NO_NEW_CODE = ("mremap", "remap_file_pages", "memfd_create", "personality", "unshare", "setns", "creat",
                 "ptrace", "process_vm_writev", "userfaultfd", "io_uring_setup")
 PROT_WRITE, PROT_EXEC = 0x2, 0x4

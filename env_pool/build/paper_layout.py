@@ -7,10 +7,10 @@ binding.cpp that applies the registrations, come from here, never from the candi
 over whatever the solution holds under those names. They are this project's own text, written
 to the released header's interface (``REGISTER_BINDING(name, func)``), not copies of it.
 
-The build runs in the sandboxed import child (env_pool/runner.py), under the compile limit, into
+The build runs in the sandboxed import child (env_pool/candidate/runner.py), under the compile limit, into
 the scratch folder's TORCH_EXTENSIONS_DIR: the code sampler counts the library it leaves as the
 candidate's own code, the inline cache keeps it, and the round server loads it without building
-(env_pool/serve.py's use_prebuilt_extensions).
+(env_pool/candidate/serve.py's use_prebuilt_extensions).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from env_pool.code_sampler import EXTENSIONS
+from env_pool.build.compile import EXTENSIONS
 from tasks.solution import EXTENSION_MODULE, FIXED_FILES, extension_sources, solution_names
 
 REGISTRY_HEADER = """\

@@ -1,4 +1,4 @@
-"""The sandboxed program's end of its result channel (the parent's end is in env_pool/sandbox.py).
+"""The sandboxed program's end of its result channel (the parent's end is in env_pool/isolation/sandbox.py).
 
 This runs inside the sandbox, in the same process as the candidate's code once that is
 loaded, so it holds nothing the parent trusts: ``run_sandboxed`` passes an inherited pipe whose

@@ -26,10 +26,10 @@ from typing import Any
 
 import msgpack
 
-from env_pool import host_pressure
-from env_pool.harness_request import HarnessRequest
+from env_pool.isolation import host_pressure
+from env_pool.trusted.harness_request import HarnessRequest
 
-COMMAND = [sys.executable, "-m", "env_pool.harness", "--serve"]
+COMMAND = [sys.executable, "-m", "env_pool.trusted.harness", "--serve"]
 MAX_FRAME = 256 << 20  # a verdict is kilobytes; anything near this is a broken harness
 IDLE_END_S = 3.0  # after its worker is gone, how long a harness may take to end by itself before it is killed
 

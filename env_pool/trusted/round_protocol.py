@@ -1,41 +1,19 @@
-"""The trusted harness: drives one evaluation's rounds, keeps the clock, verifies every output.
+"""The round protocol, trusted side: one server taken through its phases, each round on the harness's clock.
 
-TRUSTED SIDE. No candidate code ever runs in this process (``python -m env_pool.harness --serve``,
-kept warm by env_pool/harness_process.py, one per worker). It decides every number the reward uses:
-
-- inputs: fresh contents for every round, from seeds drawn here and never sent anywhere;
-  written into the shared input slots (the same addresses every round, new contents);
-- time: each round on this process's own clock, from GO to the moment the round's outputs
-  have been copied out of the shared slots, less the median of the same server's ``null``
-  phase (the protocol's own cost, measured before any candidate code was loaded);
-- correctness: every round's outputs, warm-up and timed alike, against the reference run
-  here on the same inputs; the output slots are NaN-poisoned before each round, so a missing
-  output fails; inputs are compared with the private copies after each round (mutation);
-- baselines: eager and torch.compile served by a second, trusted server under the same
-  protocol, sandbox, CPU set and thread count as the candidate;
-- which code did the work: the servers' CPUs sampled by the kernel from GO to DONE of every
-  round, each sample attributed to the file mapped at its address (env_pool/code_sampler.py):
-  torch or library code doing the work fails the candidate, whatever its process did to its
-  own detectors.
-
-What the candidate's side can send, and how it is taken (a server is untrusted even when it
-serves the reference: it is the same code, in the same kind of process):
-- DONE (control word): only ends the round's wait; a wrong value keeps waiting; -round marks
-  a failed round (a failure can only fail the candidate);
-- READY: only ends the wait for a phase; a negative value fails the phase;
-- the message area and the result channel: text for messages and guard violations, trimmed,
-  parsed defensively; a violation can only fail the candidate;
-- the output slots: data, verified here;
-- its exit status, output and resource use, through run_sandboxed.
+TRUSTED SIDE (the harness process, env_pool/trusted/harness.py, which turns what this measures
+into a verdict). ``Rounds`` holds one task's reference, inputs and shared round memory;
+``serve_phases`` claims a server (env_pool/trusted/server_pool.py), gives it its run and serves
+it each phase's rounds: inputs written while it is frozen, GO, DONE, frozen again, outputs read
+where it left them and checked. ``net_timing`` takes the protocol's own cost, as the null
+phase measured it, out of the rounds' times; ``above_protocol_noise`` says whether what is left
+can be a kernel's.
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import functools
-import gc
 import os
-import re
 import secrets
 import statistics
 import subprocess
@@ -49,20 +27,21 @@ from typing import Any, Callable
 import msgpack
 import torch
 
-from env_pool.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable, judge
-from env_pool.harness_request import HarnessRequest
-from env_pool.inputs import ADVERSARIAL, adversarial, make_model
-from env_pool.profile import CacheFlusher, synchronize
-from env_pool.readout import Unreadable, read_arena, read_process
-from env_pool.rounds import DONE, GO, NOWHERE, OUTS, READY, STOP, Control, SlotMemory, next_phase, plan_layout
-from env_pool.sandbox import SandboxError, SandboxOutcome
-from env_pool.seccomp import KILL_SIGNAL
-from env_pool.server_pool import Server, ServerPools, ServerSpec, log
-from env_pool.verify import Variation, check_outputs
+from env_pool.candidate.seccomp import KILL_SIGNAL
+from env_pool.isolation.sandbox import SandboxOutcome
+from env_pool.shared.inputs import make_model
+from env_pool.shared.profile import CacheFlusher, synchronize
+from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable
+from env_pool.trusted.harness_request import HarnessRequest
+from env_pool.trusted.readout import Unreadable, read_arena, read_process
+from env_pool.trusted.server_pool import Server, ServerPools, ServerSpec, log
+from env_pool.trusted.verify import Variation, check_outputs
 from protocol.results import InputCheck, Timing
 from tasks.discriminate import Discrimination, plan, transform_inputs
 from tasks.rules import rules_named
 from tasks.task import Task, build_problem
+
 
 SPIN_CHECK = 4096  # spins between checks of the server's liveness and the deadline
 MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 us, not 0 or less
@@ -122,7 +101,7 @@ class Rounds:
         self.control = Control.create()
         self.memory = SlotMemory.create(self.layout.size, self.device)
         self.arg_views = [self.memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
-        # A GPU's arena, where the server's round allocates (env_pool/arena.py): NaN (0xFF bytes)
+        # A GPU's arena, where the server's round allocates (env_pool/shared/arena.py): NaN (0xFF bytes)
         # to start with, so an output that was never written cannot pass.
         self.arena = self.memory.view(self.layout.arena).fill_(0xFF) if self.device == "cuda" else None
         # Where each round's outputs are read to, allocated once: a fresh allocation inside the
@@ -200,7 +179,7 @@ class Rounds:
 
         A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
         while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
-        where it left them (env_pool/readout.py); the clock stopped. So the candidate computes
+        where it left them (env_pool/trusted/readout.py); the clock stopped. So the candidate computes
         only inside its window, and a result not finished by DONE is read unfinished. With a
         ``sampler``, the servers' CPUs are sampled from GO until the server is frozen again (all
         the time it can run in a round); with ``sampling`` too, each round's samples are
@@ -388,7 +367,7 @@ def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -
 @functools.lru_cache(maxsize=None)
 def seccomp_works() -> bool:
     """Whether the server's seccomp filter installs here: tried once, in a throwaway trusted process."""
-    probe = subprocess.run([sys.executable, "-c", "from env_pool.seccomp import forbid_processes; forbid_processes()"],
+    probe = subprocess.run([sys.executable, "-c", "from env_pool.candidate.seccomp import forbid_processes; forbid_processes()"],
                            capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     return probe.returncode == 0
 
@@ -603,7 +582,7 @@ def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
                   samples_ms=[round(x, 6) for x in net])
 
 
-def resolved(timing: Timing, staging_ns: list[int]) -> bool:
+def above_protocol_noise(timing: Timing, staging_ns: list[int]) -> bool:
     """Whether a net time can be a kernel's, not an artefact of the protocol's own noise.
 
     A kernel reads its inputs and writes its outputs at least once, so its time cannot be
@@ -614,219 +593,5 @@ def resolved(timing: Timing, staging_ns: list[int]) -> bool:
     return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
 
 
-def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest) -> dict:
-    """The whole trusted side of one evaluation (mode "baselines": the task's baselines only); a plain dict for the worker."""
-    result: dict[str, Any] = {"ok": False, "failure": None, "message": "", "checks": [], "violations": [], "run_log": ""}
-    rounds.request = request
-    set_tf32(rounds.rules.tf32)  # the harness's reference runs under the request's rules (a cached task's too)
-    warmup, reps = request.warmup, request.repetitions
-    full = request.mode == "full"
-    sets = rounds.discrimination()
-    # Timed rounds, the baselines' and the candidate's alike, on inputs that need the whole
-    # computation: a task whose own inputs let a trivial kernel pass (all-positive ReLU inputs)
-    # is timed on its first discriminating set. Timed on its own sets, a kernel that recognised
-    # them returned its input there and computed only on the checked sets (rt3_relu_sign_probe).
-    timed_set = rounds.transformed(sets.needed[0]) if sets.needed else None
-    timed_label = sets.needed[0] if sets.needed else "own"
-    if request.baseline:
-        try:
-            runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None),
-                                                   ("eager", [timed_set] * (warmup + reps), False, None),
-                                                   ("compiled", [timed_set] * (warmup + reps), False, None)],
-                                   Path(request.reference_cwd), trusted=True)
-        except RoundsFailed as err:
-            result.update(failure="infra", message=f"the baselines failed ({err.kind}): {err}", run_log=err.output)
-            return result
-        null = runs["null"].staging_ns[warmup:]
-        for name in ("eager", "compiled"):
-            disturbed = runs[name].disturbance
-            if disturbed is not None and disturbed.too_disturbed:  # never cached: they would decide every reward
-                result.update(failure="infra", message=f"the {name} baseline was disturbed: {disturbed.describe()}; retried")
-                return result
-            timing = net_timing(runs[name].samples_ns[warmup:], null)
-            if not resolved(timing, runs[name].staging_ns[warmup:]):  # never cached: it would decide every reward
-                result.update(failure="infra", untimeable=True,
-                              message=f"the {name} baseline ({timing.median_ms * 1e3:.1f} us) was within "
-                                      "the timing protocol's own noise; retried")
-                return result
-            result[name] = timing.__dict__
-    if request.mode == "baselines":
-        result["ok"] = True
-        return result
-    if request.seccomp and not seccomp_works():
-        result.update(failure="infra", message="the seccomp filter cannot be installed on this machine: candidates are "
-                                               "not run without it (env.seccomp=false turns it off, for comparisons only)")
-        return result
-    checked = request.correctness_inputs
-    # Every round is checked (and watched by the server's fallback detector): the task's own
-    # sets, then the transformed sets it needs to tell a correct kernel from a trivial one
-    # (tasks/discriminate.py), then the extreme sets (adversarial_inputs); timing reads only
-    # the last `reps` rounds.
-    checking = sets.needed + sets.guards
-    extreme = adversarial(rounds.fresh_inputs, secrets.randbits(62)) if request.adversarial_inputs else []
-    candidate_rounds = ([None] * checked + [rounds.transformed(name) for name in checking] + extreme
-                        + ([timed_set] * (warmup + reps) if full else []))
-    labels = (["own"] * checked + checking + list(ADVERSARIAL[:len(extreme)])
-              + [timed_label] * (warmup + reps if full else 0))
-    result["verification_sets"] = sets.needed
-    if not sets.ok:
-        result["verification_note"] = (f"this task's outputs cannot tell a correct kernel from a trivial one on any set the "
-                                       f"environment makes ({sets.describe()})")
-    # The null phase comes first in every mode: its rounds time the protocol (full mode) and show
-    # the code sampler what serving the outputs costs in torch before the candidate's code loads.
-    phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False, None),
-              ("candidate", candidate_rounds, True, labels)]
-    try:
-        runs, report = serve_phases(rounds, pools, phases, Path(request.scratch), trusted=False)
-    except RoundsFailed as err:
-        result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
-        return result
-    run = runs["candidate"]
-    result["run_log"] = report["output"]
-    result["warm_server"] = report["warm_server"]
-    result["checks"] = [c.__dict__ for c in run.checks]
-    result["violations"] = report["violations"]
-    if run.code is not None:  # the trusted sampler's verdict on which code did the work
-        result["code_samples"] = run.code.to_dict()
-        if run.code.lost > run.code.total // 10:
-            result.update(failure="infra", message=f"the code sampler lost {run.code.lost} samples (the harness was "
-                                                   "starved of CPU): the rounds cannot be attributed; retried")
-            return result
-        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu", timed=reps if full else 0)
-    if run.mutated:
-        result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
-    if run.expected.varies and not run.outputs.varies:
-        result.update(failure="wrong", message="the output does not change with the inputs")
-        return result
-    if full:
-        null = runs["null"].staging_ns[warmup:]
-        timing = net_timing(run.samples_ns[-reps:], null)
-        if resolved(timing, run.staging_ns[-reps:]):
-            result["candidate"] = timing.__dict__
-        else:  # correct, and no speed claim either way
-            result["timing_note"] = (f"your kernel's time ({timing.median_ms * 1e3:.1f} us a call) was within the "
-                                     "timing protocol's own noise: speed not judged")
-    result["ok"] = True
-    return result
-
-
 def _as_list(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-CACHE_DEVICE_SHARE = 0.25  # of the GPU's memory, at most, for tasks kept for later (the servers need the rest)
-
-
-class TaskCache:
-    """Each task's reference and round memory, kept for the next evaluation of the same task.
-
-    At most ``size`` tasks, and on a GPU at most ``budget_bytes`` of them besides the newest:
-    KernelBench's level-1 problems hold 6-8 GiB a tensor, so four of them kept (slots, snapshots
-    and reference: ~20 GiB each) fill most of an H100. A baselines sweep there (2026-11-26) saw
-    a trusted server fail for 7 GiB right after four such problems, and 51 of 172 problems fail
-    out of memory in bursts.
-    """
-
-    def __init__(self, size: int = 4, budget_bytes: int | None = None):
-        self.size = size
-        self.budget_bytes = budget_bytes
-        self.entries: dict[tuple, Rounds] = {}
-
-    @staticmethod
-    def key(request: HarnessRequest) -> tuple:
-        task = request.task
-        return task.get("id"), hash(task.get("source")), request.backend, request.threads, request.rules
-
-    def get(self, request: HarnessRequest) -> Rounds:
-        key = self.key(request)
-        rounds = self.entries.pop(key, None) or Rounds(request)
-        self.entries[key] = rounds  # most recent last
-        budget = self.budget_bytes if self.budget_bytes is not None else device_budget(rounds.device)
-        held = {k: r.device_bytes() for k, r in self.entries.items()} if budget != float("inf") else {}
-        evicted = False
-        while len(self.entries) > 1 and (len(self.entries) > self.size or sum(held.values()) > budget):
-            oldest = next(iter(self.entries))
-            self.entries.pop(oldest).close()
-            held.pop(oldest, None)
-            evicted = True
-        if evicted:
-            release_cached_memory()
-        return rounds
-
-    def keep_only(self, request: HarnessRequest) -> bool:
-        """Drop every task but the request's (their references and inputs free the device's memory); True if any was."""
-        others = [k for k in self.entries if k != self.key(request)]
-        for key in others:
-            self.entries.pop(key).close()
-        if others:
-            release_cached_memory()
-        return bool(others)
-
-
-def device_budget(device: str) -> float:
-    """The device memory cached tasks may hold: CACHE_DEVICE_SHARE of a GPU's, no bound on the CPU."""
-    if device != "cuda":
-        return float("inf")
-    return CACHE_DEVICE_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-
-
-def release_cached_memory() -> None:
-    """What dropped tasks held, back to the driver: the servers allocate in processes of their own,
-    and the next task's slots are a driver allocation (cuMemCreate), which torch's cache does not
-    serve."""
-    gc.collect()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
-def handle(payload: Any, cache: TaskCache, pools: ServerPools) -> dict:
-    """One request of the worker: a verdict, or an infra failure that names the harness's own fault.
-
-    A request that ran out of device memory while other tasks were cached is tried once more
-    without them: KernelBench's level-1 elementwise problems take 6 GiB a tensor, and four of
-    them cached (their references, their inputs) filled an H100 for every request after.
-    """
-    begin = time.monotonic()
-    try:
-        request = HarnessRequest.from_wire(payload)
-    except ValueError as err:
-        log(f"a malformed request: {err}")
-        return {"ok": False, "failure": "infra", "message": f"the harness failed: {err}"}
-    what = f"{request.task.get('id')} {request.mode}{' with baselines' if request.baseline else ''}"
-    log(f"{what}: begun ({len(cache.entries)} tasks cached)")
-    verdict = _attempt(request, cache, pools)
-    if verdict.get("failure") == "infra" and out_of_memory(str(verdict.get("message", ""))) and cache.keep_only(request):
-        log(f"{what}: out of device memory, tried again without the other cached tasks")
-        verdict = _attempt(request, cache, pools)
-    outcome = verdict.get("failure") or "ok"
-    reason = str(verdict.get("message", "")).splitlines()[0][:1000] if verdict.get("failure") else ""
-    log(f"{what}: {outcome} in {time.monotonic() - begin:.1f} s{': ' + reason if reason else ''}")
-    return verdict
-
-
-def out_of_memory(message: str) -> bool:
-    """A CUDA allocation failure, as torch or the driver words it (CUresult 2 is CUDA_ERROR_OUT_OF_MEMORY)."""
-    return "out of memory" in message.lower() or re.search(r"\bCUresult 2\b", message) is not None
-
-
-def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> dict:
-    try:
-        return evaluate_rounds(cache.get(request), pools, request)
-    except SandboxError as err:
-        return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
-    except Exception as err:  # the harness's own fault (or the task's): never the candidate's
-        return {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
-
-
-def main() -> None:
-    from env_pool.harness_process import serve_forever
-
-    cache, pools = TaskCache(), ServerPools()
-    try:
-        serve_forever(lambda payload: handle(payload, cache, pools))
-    finally:
-        pools.close()
-
-
-if __name__ == "__main__":
-    main()

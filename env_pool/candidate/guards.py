@@ -2,11 +2,11 @@
 
 Diagnostics, not the verdict. They run inside the candidate's process, where its code can reach
 and switch them off, so they only ever fail a candidate (with a clear message): what decides a
-pass is the trusted harness (env_pool/harness.py), which times and verifies from outside. The
-OS sandbox (env_pool/sandbox.py) enforces no network and no writes outside the scratch folder;
+pass is the trusted harness (env_pool/trusted/harness.py), which times and verifies from outside. The
+OS sandbox (env_pool/isolation/sandbox.py) enforces no network and no writes outside the scratch folder;
 these catch what the OS cannot see (torch compute ops, monkeypatching, imports of the
 reference) and name every violation. They are armed after the server's own trusted work
-(env_pool/serve.py), before the candidate's code loads. Known to be evadable (see the `hard`
+(env_pool/candidate/serve.py), before the candidate's code loads. Known to be evadable (see the `hard`
 cases of tests/env_corpus/): their state is reachable, and torch under a disabled dispatch
 mode, numpy or a library called from native code never reach the detector.
 """

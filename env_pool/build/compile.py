@@ -8,7 +8,7 @@ Compiles are content-addressed: identical sources, flags, target and toolchain g
 key, so an agent that recompiles unchanged code (it often does) pays nothing, and neither does
 a second worker evaluating the same candidate. Failed compiles are cached as their log.
 
-The compiler runs in the sandbox (env_pool/sandbox.py), because a source file can read files:
+The compiler runs in the sandbox (env_pool/isolation/sandbox.py), because a source file can read files:
 ``#include "/etc/passwd"`` prints lines of it in the errors, ``asm(".incbin \"...\"")`` copies
 a whole file into the library. It sees a fresh root holding only the work dir (writable) and
 the toolchain (read-only: /usr, the /bin and /lib links, the loader's cache, the CUDA
@@ -35,8 +35,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.isolation.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 from tasks.solution import KERNEL_FILES
+
+EXTENSIONS = ".torch_extensions"  # TORCH_EXTENSIONS_DIR in the scratch folder: where load_inline builds
 
 # --no-undefined: a shared library links happily with unresolved symbols, which then only
 # surface as a cryptic dlopen failure inside the candidate's process; failing at link time

@@ -1,6 +1,6 @@
 """Model servers started ahead of need: sandboxed, torch imported, CUDA context made, waiting.
 
-TRUSTED SIDE: this runs in the harness (env_pool/harness.py). A server (env_pool/serve.py)
+TRUSTED SIDE: this runs in the harness (env_pool/trusted/harness.py). A server (env_pool/candidate/serve.py)
 started here runs only trusted code until it is given its run: the sandbox, torch's import,
 a CUDA context and the fallback detector's first use (serve.warm_up), then it blocks reading
 its stdin. Each server is given exactly one run and is discarded after it, so nothing one
@@ -42,13 +42,13 @@ from pathlib import Path
 
 import msgpack
 
-from env_pool.code_sampler import EXTENSIONS
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, WarmStart, run_sandboxed
-from env_pool.serve import DEVICE_ENV, FD_SOCKET_ENV, WARM_BYTE
+from env_pool.build.compile import EXTENSIONS
+from env_pool.candidate.serve import DEVICE_ENV, FD_SOCKET_ENV, WARM_BYTE
+from env_pool.isolation.sandbox import SandboxError, SandboxLimits, SandboxOutcome, WarmStart, run_sandboxed
 
 # -P: the scratch folder (the server's cwd) is not put first on sys.path, so a candidate's
 # msgpack.py or torch.py cannot replace what the server imports before its guards are armed.
-SERVER = [sys.executable, "-P", "-m", "env_pool.serve"]
+SERVER = [sys.executable, "-P", "-m", "env_pool.candidate.serve"]
 # glibc's heap for every server alike, the baselines' too: allocations up to 32 MiB (its largest
 # threshold) from the heap, and a freed top never handed back. With its defaults a round's fresh
 # 16 MiB output was a new mapping or a regrown heap in some rounds and not others: its page faults
@@ -76,7 +76,7 @@ class ServerSpec:
 
 
 def compile_env(inductor_dir: str, threads: int) -> dict[str, str]:
-    """What torch.compile reads from a server's environment (env_pool/baseline_compile.py compiles ahead under the same)."""
+    """What torch.compile reads from a server's environment (env_pool/trusted/baseline_compile.py compiles ahead under the same)."""
     # Inductor's compile-worker pool (one process per CPU) would blow the memory limit for a
     # baseline that compiles in seconds in-process.
     return {"OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TORCHINDUCTOR_COMPILE_THREADS": "1"}

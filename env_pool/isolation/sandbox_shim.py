@@ -1,8 +1,8 @@
 """The sandbox's inside: builds one run's isolation from within, then execs the program.
 
-Started by the parent (env_pool/sandbox.py, ``run_sandboxed``) as
+Started by the parent (env_pool/isolation/sandbox.py, ``run_sandboxed``) as
 ``python -I -S -c <the text of this file> CONFIG``, before anything untrusted exists in the run;
-``python -I -S env_pool/sandbox_shim.py CONFIG`` runs the same code. It is self-contained on
+``python -I -S env_pool/isolation/sandbox_shim.py CONFIG`` runs the same code. It is self-contained on
 purpose and must stay so: -I leaves PYTHONPATH, the user site and the script's folder off
 sys.path and -S skips site-packages, so nothing of this package (or any installed one) can be
 imported here, and past pivot_root the checkout is out of view anyway. It imports only a few
@@ -274,7 +274,7 @@ def _shim_main(raw_config: str) -> None:
     child = os.fork()
     if child == 0:
         _child_main(libc, cfg, iso, init_pid is not None and "mountns" in iso, status_fd)
-    report(child=child)  # the harness reads the program's memory by this pid (env_pool/readout.py)
+    report(child=child)  # the harness reads the program's memory by this pid (env_pool/trusted/readout.py)
     # The child has the payload pipe and the result channel; the shim must not hold them open.
     os.close(cfg["result_fd"])
     null = os.open("/dev/null", os.O_RDONLY)

@@ -1,12 +1,12 @@
-"""Sandboxed child processes of the environment other than the round servers: ``python -m env_pool.runner``.
+"""Sandboxed child processes of the environment other than the round servers: ``python -m env_pool.candidate.runner``.
 
 Roles (payload on stdin, or ``--payload FILE`` under a profiler):
 - ``import``: imports the candidate's ``model_new.py`` once, so that a KernelBench-style
   ``load_inline`` build happens under the compile time limit and lands in the cache.
 - ``ncu``: one forward call of the candidate under Nsight Compute (informational, never rewarded).
 
-Verification and timing are not here: the trusted harness (env_pool/harness.py) drives a
-server (env_pool/serve.py) for those. Everything reported goes on the result channel as
+Verification and timing are not here: the trusted harness (env_pool/trusted/harness.py) drives a
+server (env_pool/candidate/serve.py) for those. Everything reported goes on the result channel as
 msgpack and is untrusted; the candidate's own prints go to stdout/stderr.
 """
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 import msgpack
 import torch
 
-from env_pool import guards, nvcc_light
-from env_pool.inputs import build_on, make_inputs, make_model
-from env_pool.profile import synchronize
-from env_pool.result_channel import child_exit, child_result_channel
-from env_pool.serve import copy_matching_weights, load_solution, setup_torch, short_error, use_prebuilt_extensions
+from env_pool.build import nvcc_light
+
+from env_pool.candidate import guards
+from env_pool.candidate.serve import copy_matching_weights, load_solution, setup_torch, short_error, use_prebuilt_extensions
+from env_pool.isolation.result_channel import child_exit, child_result_channel
+from env_pool.shared.inputs import build_on, make_inputs, make_model
+from env_pool.shared.profile import synchronize
 from tasks.task import build_problem
 
 

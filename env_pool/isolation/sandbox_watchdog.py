@@ -1,6 +1,6 @@
 """The parent's watch over one sandboxed run's process tree: who is in it, what it holds, its end.
 
-Trusted side (the worker's process, beside ``run_sandboxed`` in env_pool/sandbox.py). What it
+Trusted side (the worker's process, beside ``run_sandboxed`` in env_pool/isolation/sandbox.py). What it
 reads of the run is what the kernel says about it, never what the run says: membership from
 /proc (the shim's descendants, through psutil) and from the run's cgroups, resident memory
 from each member's /proc entry, exit from a pidfd. Killing uses every handle at once (the
@@ -8,7 +8,7 @@ cgroups, the process group, each process seen), so a process that left the group
 still dies, and a pid the kernel reused for someone else is never signalled (psutil checks the
 creation time; the group id stays ours while the shim is unreaped).
 
-psutil is imported where it is used: importing env_pool.sandbox stays light.
+psutil is imported where it is used: importing env_pool.isolation.sandbox stays light.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from env_pool.cgroups import RunCgroups
+from env_pool.isolation.cgroups import RunCgroups
 
 if TYPE_CHECKING:
     import psutil

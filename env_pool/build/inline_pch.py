@@ -20,7 +20,7 @@ simply do not match and build as before. Each variant is checked after its build
 a probe with ``-H``, which marks a precompiled header it used with "!".
 
 The build outlives the command that needs it: one job per machine and toolchain
-(``python -m env_pool.inline_pch --job``, started by ``start_job`` in a session of its own),
+(``python -m env_pool.build.inline_pch --job``, started by ``start_job`` in a session of its own),
 which holds the key's lock file for its whole life and runs its compilers in the sandbox, whose
 PID namespace takes the compiler's own children (``cc1plus``) down with the job. A build in a
 thread of the command was orphaned at every exit instead: the driver died with it, its
@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from env_pool.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
+from env_pool.isolation.sandbox import SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
 
 HEADER = "torch/extension.h"
 VARIANTS = {"plain": (), "optimized": ("-O3",)}
@@ -100,7 +100,7 @@ def start_job(folder: Path, compiler: str, flags: list[str], cpus: list[int] | N
         if (folder / "ok").exists() or (folder / "failed").exists():
             return False
         recipe = json.dumps({"compiler": compiler, "flags": list(flags), "header": str(header_path())})
-        command = [sys.executable, "-m", "env_pool.inline_pch", str(folder), "--job", recipe, "--lock-fd", str(lock)]
+        command = [sys.executable, "-m", "env_pool.build.inline_pch", str(folder), "--job", recipe, "--lock-fd", str(lock)]
         command += ["--cpus", ",".join(map(str, cpus))] if cpus else []
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with open(folder.parent / f"{folder.name}.log", "ab") as log:
@@ -274,7 +274,7 @@ def run_job(folder: Path, recipe: dict, lock_fd: int | None, cpus: list[int] | N
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m env_pool.inline_pch",
+    parser = argparse.ArgumentParser(prog="python -m env_pool.build.inline_pch",
                                      description="Build the precompiled torch/extension.h for load_inline builds.")
     parser.add_argument("root", help="the pch folder (env.pch_dir); with --job, the key's own folder in it")
     parser.add_argument("backend", nargs="?", choices=["cpp", "cuda"], default="cpp")
