@@ -283,27 +283,80 @@ def run_sandboxed(
     as the payload starts the run now and feeds it later, and tells its processes (see WarmStart:
     the harness's code sampler, env_pool/trusted/code_sampler.py, attributes their samples).
     """
-    import subprocess
-
     warm = payload if isinstance(payload, WarmStart) else None
     if not argv:
         raise ValueError("argv must not be empty")
     scratch = Path(scratch).resolve()
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    hidden = [str(Path(p).absolute()) for p in [*limits.hidden_paths, *(hidden_paths or [])]]
-
     cgroups = RunCgroups.create(limits.memory_mb, limits.max_pids, limits.cpus, limits.skip_isolation)
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    res_r, res_w = os.pipe()
-    st_r, st_w = os.pipe()
+    pipes = _Pipes()
     child_env = _child_env(scratch, limits, env) if inherit_env else dict(env or {})
-    child_env[RESULT_FD_ENV] = str(res_w)
+    child_env[RESULT_FD_ENV] = str(pipes.result_w)
+    config = _shim_config(argv, scratch, limits, [*limits.hidden_paths, *(hidden_paths or [])], child_env, cgroups, pipes)
+    t0 = time.monotonic()  # the wall clock of a run given its payload now (a warm one's starts when it is given)
+    proc = _start_shim(config, scratch, child_env, pass_fds, pipes, cgroups)
+    pid = proc.pid  # also the process group id (start_new_session)
+    watch = TreeWatch(pid, cgroups)  # killing (watch.kill_tree): everything we know of, by every handle we have
+    try:
+        io = _RunIO(limits, pipes, warm, payload if warm is None else None)
+        if warm is not None:
+            io.tell(warm, watch, pid, cgroups)
+        io.start()
+        watch.watch_memory(limits.memory_mb << 20, limits.poll_s, io.init_pid, watching=lambda: warm is None or warm.given)
+        ended = _await_end(proc, watch, warm, limits, io, t0)
+        io.finish(watch)
+        cgroup_oom = cgroups.oom_killed()
+        cgroups.remove()  # the freezer's files stay open (their writes fail) until its owner closes it
+    except BaseException:
+        # Our own failure (or Ctrl-C) mid-run: the child's tree must not outlive it either.
+        watch.kill_tree()
+        if not watch.shim_reaped.is_set():
+            try:
+                os.waitpid(pid, os.WNOHANG)  # never block here: it may be stuck in the kernel
+            except ChildProcessError:
+                pass
+        cgroups.remove()
+        raise
+    if warm is not None and warm.given and not warm.cancelled and warm.cpus and io.moved != [True]:
+        raise SandboxError(f"could not move the run to CPUs {list(warm.cpus)}: a thread stayed elsewhere")
+    return _classify(argv, limits, io, ended, proc.returncode, watch, cgroup_oom)
+
+
+@dataclass
+class _Ended:
+    """How the shim ended, as the parent saw it."""
+
+    timed_out: bool
+    wall_s: float
+    rusage: Any
+
+
+class _Pipes:
+    """The run's four pipes: the payload in, the output, the result channel and the shim's status out."""
+
+    def __init__(self) -> None:
+        self.in_r, self.in_w = os.pipe()
+        self.out_r, self.out_w = os.pipe()
+        self.result_r, self.result_w = os.pipe()
+        self.status_r, self.status_w = os.pipe()
+
+    def close_child_ends(self) -> None:
+        for fd in (self.in_r, self.out_w, self.result_w, self.status_w):
+            os.close(fd)
+
+    def close_parent_ends(self) -> None:
+        for fd in (self.in_w, self.out_r, self.result_r, self.status_r):
+            os.close(fd)
+
+
+def _shim_config(argv: list[str], scratch: Path, limits: SandboxLimits, hidden: list[Path], child_env: dict[str, str],
+                 cgroups: RunCgroups, pipes: _Pipes) -> dict[str, Any]:
+    """What the shim builds the run's isolation from (its fields: env_pool/isolation/sandbox_shim.py)."""
     visible = [os.path.abspath(p) for p in limits.visible_paths]
-    config = {
+    return {
         "argv": list(argv),
         "scratch": str(scratch),
-        "hidden": hidden,
+        "hidden": [str(Path(p).absolute()) for p in hidden],
         # A fresh root shows only the visible paths: nothing under /tmp is bound back there.
         "keep": [] if visible else _paths_to_keep(argv, child_env),
         "visible": visible,
@@ -318,156 +371,156 @@ def run_sandboxed(
         "required": list(limits.required_isolation),
         "parent_side": list(_PARENT_SIDE),
         "skip": list(limits.skip_isolation),
-        "result_fd": res_w,
-        "status_fd": st_w,
+        "result_fd": pipes.result_w,
+        "status_fd": pipes.status_w,
         "parent_pid": os.getpid(),
     }
+
+
+def _start_shim(config: dict[str, Any], scratch: Path, child_env: dict[str, str], pass_fds: tuple[int, ...],
+                pipes: _Pipes, cgroups: RunCgroups) -> Any:
+    """The shim started in a session of its own; the child's ends of the pipes closed here either way."""
+    import subprocess
+
     shim_argv = [sys.executable, "-I", "-S", "-c", _shim_source(), json.dumps(config)]
-    t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            shim_argv, stdin=in_r, stdout=out_w, stderr=out_w, cwd=str(scratch), env=child_env,
-            pass_fds=(res_w, st_w, *pass_fds), start_new_session=True, close_fds=True,
+        return subprocess.Popen(
+            shim_argv, stdin=pipes.in_r, stdout=pipes.out_w, stderr=pipes.out_w, cwd=str(scratch), env=child_env,
+            pass_fds=(pipes.result_w, pipes.status_w, *pass_fds), start_new_session=True, close_fds=True,
         )
     except OSError as exc:
-        for fd in (in_w, out_r, res_r, st_r):
-            os.close(fd)
+        pipes.close_parent_ends()
         cgroups.remove()
         raise SandboxError(f"could not start the sandbox shim: {exc}") from exc
     finally:
-        for fd in (in_r, out_w, res_w, st_w):
-            os.close(fd)
-    pid = proc.pid  # also the process group id (start_new_session)
-    # Killing (watch.kill_tree): everything we know of, by every handle we have.
-    watch = TreeWatch(pid, cgroups)
+        pipes.close_child_ends()
 
-    try:
-        # ---- I/O threads: payload in, output and result out, shim status messages.
-        output = HeadTail(limits.max_output_chars)
-        result = BoundedBytes(limits.max_result_bytes)
-        status: dict = {}
-        status_lock = threading.Lock()
 
-        status_buf = bytearray()
+class _RunIO:
+    """The parent's threads of one run: the payload in, the output and the result out, the shim's status messages."""
 
-        def on_status(chunk: bytes) -> None:
-            status_buf.extend(chunk)
-            while b"\n" in status_buf:
-                line, _, tail = bytes(status_buf).partition(b"\n")
-                status_buf[:] = tail
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                with status_lock:
-                    for key, value in msg.items():
-                        if key in ("isolation", "child_isolation"):
-                            status.setdefault("isolation", []).extend(value)
-                        else:
-                            status[key] = value
-                if "isolation" in msg:
-                    set_up.set()
+    def __init__(self, limits: SandboxLimits, pipes: _Pipes, warm: WarmStart | None, payload: bytes | None):
+        self.pipes, self.warm, self.payload = pipes, warm, payload
+        self.output = HeadTail(limits.max_output_chars)
+        self.result = BoundedBytes(limits.max_result_bytes)
+        self.status: dict = {}
+        self.status_lock = threading.Lock()
+        self._status_buf = bytearray()
+        self.moved: list[bool] = []  # the feeder's verdict on the warm run's CPU move
+        self.set_up = threading.Event()  # the shim has built the sandbox (or is gone): its CPUs may move now
+        self.threads: list[threading.Thread] = []
 
-        moved: list[bool] = []
-        set_up = threading.Event()  # the shim has built the sandbox (or is gone): its CPUs may move now
+    def tell(self, warm: WarmStart, watch: TreeWatch, pid: int, cgroups: RunCgroups) -> None:
+        """What a warm run's owner may ask of it before and after it is given its payload."""
+        warm.members = lambda: watch.members() | {pid}
+        warm.move_cpus = watch.move_cpus
+        warm.freezer = cgroups.freezer()
+        warm.program_pid = lambda: self.status_value("child")
 
-        def status_reader() -> None:
-            try:
-                drain(st_r, on_status)
-            finally:
-                set_up.set()
-
-        def feed_payload() -> None:
-            if warm is not None:
-                warm.wait()
-                set_up.wait()  # moved earlier, the shim's own pinning to its first CPUs would fail
-                try:
-                    placed = warm.cancelled or not warm.cpus or _record(moved, warm.move_cpus(warm.cpus))
-                except Exception:  # noqa: BLE001  (the run must not be fed; the error is the verdict)
-                    placed = _record(moved, False)
-                if warm.cancelled or not placed:
-                    os.close(in_w)  # never fed: the run is killed below
-                    return
-            feed(in_w, warm.payload if warm is not None else payload)
-
-        if warm is not None:
-            warm.members = lambda: watch.members() | {pid}
-            warm.move_cpus = watch.move_cpus
-            warm.freezer = cgroups.freezer()
-
-            def program_pid() -> int | None:
-                with status_lock:
-                    return status.get("child")
-
-            warm.program_pid = program_pid
-
-        threads = [
-            threading.Thread(target=feed_payload, daemon=True),
-            threading.Thread(target=drain, args=(out_r, output.add), daemon=True),
-            threading.Thread(target=drain, args=(res_r, result.add), daemon=True),
-            threading.Thread(target=status_reader, daemon=True),
+    def start(self) -> None:
+        self.threads = [
+            threading.Thread(target=self._feed_payload, daemon=True),
+            threading.Thread(target=drain, args=(self.pipes.out_r, self.output.add), daemon=True),
+            threading.Thread(target=drain, args=(self.pipes.result_r, self.result.add), daemon=True),
+            threading.Thread(target=self._read_status, daemon=True),
         ]
-        for t in threads:
+        for t in self.threads:
             t.start()
 
-        # ---- Watchdog: tree membership and resident memory, every poll_s.
-        def init_pid() -> int | None:
-            with status_lock:
-                return status.get("init")
+    def status_value(self, key: str) -> Any:
+        with self.status_lock:
+            return self.status.get(key)
 
-        watch.watch_memory(limits.memory_mb << 20, limits.poll_s, init_pid,
-                           watching=lambda: warm is None or warm.given)
+    def init_pid(self) -> int | None:
+        return self.status_value("init")
 
-        # ---- Wait for the shim (it exits right after the child and its namespace are gone).
-        waiter = ExitWaiter(pid)
-        timed_out = False
-        if warm is not None:  # the wall clock starts when the payload is given
-            while not warm.given and not waiter.wait(limits.poll_s):
-                pass
-            if not warm.given:  # it ended during its start-up: release the feeder
-                warm.cancel()
-            if warm.cancelled or (warm.given and warm.cpus and not _wait_for(moved, waiter)):
-                watch.kill_tree()
-            t0 = warm.given_at or time.monotonic()
-        if not waiter.wait(limits.wall_s - (time.monotonic() - t0)):
-            timed_out = True
-            watch.kill_tree()
-            if not waiter.wait(30.0):
-                raise SandboxError(f"sandbox shim {pid} did not die after SIGKILL")
-        wall_s = time.monotonic() - t0
-        watch.stop_memory_watch()
-        watch.kill_tree()  # leftovers (the shim is still a zombie here: pid not reusable)
-        _, raw_status, rusage = os.wait4(pid, 0)
-        watch.shim_reaped.set()
-        proc.returncode = os.waitstatus_to_exitcode(raw_status)
-        waiter.close()
-        watch.join(5.0)
+    def status_now(self) -> dict:
+        with self.status_lock:
+            return dict(self.status)
 
-        # Readers finish once every process holding a pipe end is dead; cgroup stragglers are
-        # killed until the cgroups are empty.
+    def finish(self, watch: TreeWatch) -> None:
+        """Readers finish once every process holding a pipe end is dead; cgroup stragglers are
+        killed until the cgroups are empty."""
         deadline = time.monotonic() + 5.0
-        for t in threads:
+        for t in self.threads:
             while t.is_alive() and time.monotonic() < deadline:
                 watch.kill_tree()
                 t.join(0.05)
-        cgroup_oom = cgroups.oom_killed()
-        cgroups.remove()  # the freezer's files stay open (their writes fail) until its owner closes it
-    except BaseException:
-        # Our own failure (or Ctrl-C) mid-run: the child's tree must not outlive it either.
-        watch.kill_tree()
-        if not watch.shim_reaped.is_set():
-            try:
-                os.waitpid(pid, os.WNOHANG)  # never block here: it may be stuck in the kernel
-            except ChildProcessError:
-                pass
-        cgroups.remove()
-        raise
 
-    # ---- Classify.
-    if warm is not None and warm.given and not warm.cancelled and warm.cpus and moved != [True]:
-        raise SandboxError(f"could not move the run to CPUs {list(warm.cpus)}: a thread stayed elsewhere")
-    with status_lock:
-        st = dict(status)
+    def _on_status(self, chunk: bytes) -> None:
+        self._status_buf.extend(chunk)
+        while b"\n" in self._status_buf:
+            line, _, tail = bytes(self._status_buf).partition(b"\n")
+            self._status_buf[:] = tail
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            with self.status_lock:
+                for key, value in msg.items():
+                    if key in ("isolation", "child_isolation"):
+                        self.status.setdefault("isolation", []).extend(value)
+                    else:
+                        self.status[key] = value
+            if "isolation" in msg:
+                self.set_up.set()
+
+    def _read_status(self) -> None:
+        try:
+            drain(self.pipes.status_r, self._on_status)
+        finally:
+            self.set_up.set()
+
+    def _feed_payload(self) -> None:
+        warm = self.warm
+        if warm is not None:
+            warm.wait()
+            self.set_up.wait()  # moved earlier, the shim's own pinning to its first CPUs would fail
+            try:
+                placed = warm.cancelled or not warm.cpus or _record(self.moved, warm.move_cpus(warm.cpus))
+            except Exception:  # noqa: BLE001  (the run must not be fed; the error is the verdict)
+                placed = _record(self.moved, False)
+            if warm.cancelled or not placed:
+                os.close(self.pipes.in_w)  # never fed: the run is killed below
+                return
+        feed(self.pipes.in_w, warm.payload if warm is not None else self.payload)
+
+
+def _await_end(proc: Any, watch: TreeWatch, warm: WarmStart | None, limits: SandboxLimits, io: _RunIO,
+               t0: float) -> _Ended:
+    """Wait for the shim (it exits right after the child and its namespace are gone), killing the
+    tree at the wall-clock limit, which a warm run starts counting when it is given its payload."""
+    pid = proc.pid
+    waiter = ExitWaiter(pid)
+    timed_out = False
+    if warm is not None:
+        while not warm.given and not waiter.wait(limits.poll_s):
+            pass
+        if not warm.given:  # it ended during its start-up: release the feeder
+            warm.cancel()
+        if warm.cancelled or (warm.given and warm.cpus and not _wait_for(io.moved, waiter)):
+            watch.kill_tree()
+        t0 = warm.given_at or time.monotonic()
+    if not waiter.wait(limits.wall_s - (time.monotonic() - t0)):
+        timed_out = True
+        watch.kill_tree()
+        if not waiter.wait(30.0):
+            raise SandboxError(f"sandbox shim {pid} did not die after SIGKILL")
+    wall_s = time.monotonic() - t0
+    watch.stop_memory_watch()
+    watch.kill_tree()  # leftovers (the shim is still a zombie here: pid not reusable)
+    _, raw_status, rusage = os.wait4(pid, 0)
+    watch.shim_reaped.set()
+    proc.returncode = os.waitstatus_to_exitcode(raw_status)
+    waiter.close()
+    watch.join(5.0)
+    return _Ended(timed_out, wall_s, rusage)
+
+
+def _classify(argv: list[str], limits: SandboxLimits, io: _RunIO, ended: _Ended, shim_code: int | None,
+              watch: TreeWatch, cgroup_oom: bool) -> SandboxOutcome:
+    """What the child did, from the shim's status, its exit, its output and its resource use."""
+    st = io.status_now()
     if "exec_error" in st:
         raise SandboxError(f"could not execute {argv[0]!r}: {st['exec_error']}")
     if "required_missing" in st:
@@ -475,30 +528,30 @@ def run_sandboxed(
             f"required isolation unavailable: {', '.join(st['required_missing'])} "
             f"(applied: {', '.join(st.get('isolation', []))})"
         )
-    if "isolation" not in st and not (timed_out or watch.out_of_memory.is_set()):
-        raise SandboxError(f"sandbox shim failed (exit {proc.returncode}): {output.text()[-2000:]}")
+    if "isolation" not in st and not (ended.timed_out or watch.out_of_memory.is_set()):
+        raise SandboxError(f"sandbox shim failed (exit {shim_code}): {io.output.text()[-2000:]}")
 
     if "status" in st:  # the child's own wait status, relayed by the shim
         code = os.waitstatus_to_exitcode(st["status"])
-    elif proc.returncode is not None and proc.returncode < 0:
-        code = proc.returncode  # the shim itself was killed (by us, or in a fallback setup)
+    elif shim_code is not None and shim_code < 0:
+        code = shim_code  # the shim itself was killed (by us, or in a fallback setup)
     else:
         code = None
     returncode = code if code is not None and code >= 0 else None
     signal_name = _signal_name(-code) if code is not None and code < 0 else None
 
-    out_text = output.text()
-    res_bytes = result.value()
-    if result.overflow:
+    out_text = io.output.text()
+    res_bytes = io.result.value()
+    if io.result.overflow:
         out_text += f"\n[sandbox: result channel exceeded {limits.max_result_bytes} bytes; dropped]"
-    cpu_time = rusage.ru_utime + rusage.ru_stime
-    cpu_limited = not timed_out and not watch.out_of_memory.is_set() and (
+    cpu_time = ended.rusage.ru_utime + ended.rusage.ru_stime
+    cpu_limited = not ended.timed_out and not watch.out_of_memory.is_set() and (
         signal_name == "SIGXCPU"
         or (signal_name == "SIGKILL" and cpu_time >= limits.cpu_limit_s - 0.5)
     )
     out_of_memory = watch.out_of_memory.is_set() or cgroup_oom
     if (
-        not out_of_memory and not timed_out and not cpu_limited and res_bytes is None
+        not out_of_memory and not ended.timed_out and not cpu_limited and res_bytes is None
         and (signal_name is not None or returncode not in (0, None))
         and _OOM_TEXT.search(out_text)
     ):
@@ -507,12 +560,12 @@ def run_sandboxed(
     return SandboxOutcome(
         returncode=returncode,
         signal_name=signal_name,
-        timed_out=timed_out,
+        timed_out=ended.timed_out,
         out_of_memory=out_of_memory,
         cpu_limited=cpu_limited,
         output=out_text,
         result=res_bytes,
-        wall_s=wall_s,
+        wall_s=ended.wall_s,
         isolation=isolation,
         cpu_time_s=cpu_time,
         peak_memory_mb=round(watch.peak_mb, 1),
