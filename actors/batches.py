@@ -19,7 +19,7 @@ from typing import Any
 
 from actors.buffer_client import fetch
 from actors.grouping import GroupAssembler
-from actors.jobs import JobFeeder
+from actors.feeder import JobFeeder
 from actors.system import System
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories

@@ -1,7 +1,7 @@
 """GroupAssembler: whole groups of episodes out of the buffer's batches.
 
 With ``stage.group_size`` > 1 the sampler hands out each task that many times in a row, under
-one group key (actors/jobs.py). The buffer serves episodes as they finish, so a batch may hold
+one group key (actors/feeder.py). The buffer serves episodes as they finish, so a batch may hold
 part of a group; its members wait here until the group is complete, because a group-relative
 advantage or a dynamic-sampling verdict on part of a group would judge the wrong baseline.
 

@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError
 
 from actors.buffer import TrajectoryBuffer
 from actors.generator import GeneratorActor
-from actors.learner import LearnerGroup
+from actors.learner_group import LearnerGroup
 from actors.run_logs import actor_creation_output
 from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan

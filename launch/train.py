@@ -3,7 +3,7 @@
     reserve the cluster's resources (actors/topology)      -> fail now if they cannot fit
     start env workers, buffer, generators, learner          (actors/system)
     for each stage of the recipe not yet finished:
-        build the stage's trainer, resume its checkpoint    (actors/learner -> learner/)
+        build the stage's trainer, resume its checkpoint    (actors/learner_group -> learner/)
         push its policy to the generators                   (object store; hot swap, no restart)
         repeat: a batch of trajectories from the buffer     (generators keep generating: async)
                 (whole groups of one task, with stage.group_size; dynamic sampling drops
@@ -34,7 +34,7 @@ import ray
 
 from actors.batches import learner_step, synchronous_step
 from actors.grouping import GroupAssembler
-from actors.jobs import JobFeeder, TaskSampler
+from actors.feeder import JobFeeder, TaskSampler
 from actors.run_logs import ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage

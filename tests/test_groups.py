@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from actors.grouping import GroupAssembler
-from actors.jobs import TaskSampler
+from actors.feeder import TaskSampler
 from configs.load import ConfigError, load_config
 from launch.train import check_groups
 from learner.batching import flatten

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.learner import deal, rank_shares
+from actors.learner_group import deal, rank_shares
 
 try:
     from tests.learner_toy import OBSERVATION, PROMPT, make_trajectory
@@ -28,7 +28,7 @@ def test_the_ranks_of_a_sequence_parallel_group_get_the_same_share():
     assert rank_shares(sizes, 4, 2) == [[0], [0], [1, 2, 3, 4], [1, 2, 3, 4]]
     assert rank_shares(sizes, 2, 2) == [[0, 1, 2, 3, 4]] * 2
     assert rank_shares(sizes, 2) == deal(sizes, 2)
-    from actors.learner import LearnerGroup
+    from actors.learner_group import LearnerGroup
 
     with pytest.raises(ValueError, match="sequence_parallel_size=2 must be at least 1 and divide the learner's 3"):
         LearnerGroup({"learner": {"sequence_parallel_size": 2}}, [{}] * 3)
@@ -49,7 +49,7 @@ def _train(ray, cfg: dict, ranks: int, trajectories: list, stage_dir: str) -> tu
     """One RFT step by ``ranks`` ranks: the global gradient norm and the weights after it."""
     import asyncio
 
-    from actors.learner import LearnerGroup
+    from actors.learner_group import LearnerGroup
 
     async def run() -> tuple[float, dict[str, torch.Tensor]]:
         group = LearnerGroup(cfg, [{"num_cpus": 1}] * ranks)

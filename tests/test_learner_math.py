@@ -133,7 +133,7 @@ def test_clip_higher_lets_a_ratio_with_positive_advantage_rise_to_1_plus_eps_hig
 
 
 def test_the_value_clip_scales_with_the_reward_span():
-    from actors.learner import reward_span
+    from actors.learner_group import reward_span
     from configs.schema import RewardConfig
 
     assert reward_span(RewardConfig()) == 4.0  # -1 (failure) to 3 (faster than torch.compile)
