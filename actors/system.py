@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import ray
@@ -139,6 +140,18 @@ def start_env_workers(reservation: Reservation, env_cfg: EnvConfig) -> list[Any]
             .remote(env_cfg, cpu_share=shares[slot.index]) for slot in slots]
 
 
+def start_generators(cfg: Any, reservation: Reservation, env_workers: list[Any], buffer: Any, policy_spec: str,
+                     name: str, log_dir: str | Path, episodes_in_flight: int | None = None, keep_solution: bool = False,
+                     storage: RunStorage | None = None) -> list[Any]:
+    """A generator in each of the plan's generator slots, named NAME-INDEX, restarted by Ray if it dies:
+    training's (buffer given) and an evaluation sweep's (no buffer; each episode's final files kept)."""
+    with actor_creation_output(cfg.logging, log_dir):
+        return [GeneratorActor.options(name=f"{name}-{slot.index}", max_restarts=-1, max_task_retries=0,
+                                       **reservation.options(slot))
+                .remote(cfg, env_workers, buffer, slot.index, policy_spec, episodes_in_flight, keep_solution, storage)
+                for slot in reservation.plan.generators]
+
+
 async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, model: str,
                        storage: RunStorage | None = None) -> System:
     """Create every actor in its reserved bundle and start the engines (in parallel: they are slow).
@@ -150,11 +163,8 @@ async def start_system(cfg: Any, plan: ResourcePlan, reservation: Reservation, m
     env_workers = start_env_workers(reservation, cfg.env)
     buffer = TrajectoryBuffer.remote(**buffer_options(cfg.stage))
     # Named, so that an operator (or a test) can find them: ray.get_actor("cuda-agent-generator-0").
-    with actor_creation_output(cfg.logging, cfg.logging.out_dir):
-        generators = [GeneratorActor.options(name=f"cuda-agent-generator-{slot.index}", max_restarts=-1,
-                                             max_task_retries=0, **reservation.options(slot))
-                      .remote(cfg, env_workers, buffer, slot.index, f"vllm:{model}", storage=storage)
-                      for slot in plan.generators]
+    generators = start_generators(cfg, reservation, env_workers, buffer, f"vllm:{model}", "cuda-agent-generator",
+                                  cfg.logging.out_dir, storage=storage)
     learner = LearnerGroup(cfg, [reservation.options(slot) for slot in plan.learner], storage)
     await asyncio.gather(learner.start(), *(g.start.remote() for g in generators))
     return System(env_workers, buffer, generators, learner, transport, cfg.rollout.weight_bucket_mb,

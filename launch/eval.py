@@ -35,11 +35,10 @@ from ray.exceptions import RayActorError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from actors.generator import GeneratorActor
-from actors.run_logs import actor_creation_output, ray_init_options
+from actors.run_logs import ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage, absolute_spec
-from actors.system import retry_while_restarting, start_env_workers
+from actors.system import retry_while_restarting, start_env_workers, start_generators
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
 from launch.embedded_model import resolve_policy
 from launch.sweep_records import (AUDIT, AUTOTUNE, RESULTS, check_identity, episode_id, episode_record, eval_fields,
@@ -213,20 +212,13 @@ async def _run_todo(sweep: Sweep, reservation: Reservation, todo: list[tuple[Tas
         if sweep.solutions:
             await _score_solutions(sweep, RayEnvClient(workers), todo, finished)
         else:
-            generators = start_generators(sweep, reservation, workers)
+            generators = start_generators(sweep.served_cfg, reservation, workers, None, sweep.served_spec,
+                                          f"cuda-agent-eval-generator-{os.getpid()}", sweep.out,
+                                          in_flight(sweep.served_cfg), keep_solution=True, storage=sweep.storage)
             await run_episodes(sweep, generators, todo, finished, RayEnvClient(workers))
     finally:
         for actor in [*generators, *workers]:
             ray.kill(actor, no_restart=True)
-
-
-def start_generators(sweep: Sweep, reservation: Reservation, workers: list[Any]) -> list[Any]:
-    cfg = sweep.served_cfg
-    with actor_creation_output(cfg.logging, sweep.out):
-        return [GeneratorActor.options(name=f"cuda-agent-eval-generator-{slot.index}-{os.getpid()}", max_restarts=-1,
-                                       max_task_retries=0, **reservation.options(slot))
-                .remote(cfg, workers, None, slot.index, sweep.served_spec, in_flight(cfg), True, sweep.storage)
-                for slot in reservation.plan.generators]
 
 
 def in_flight(cfg: Any) -> int:
