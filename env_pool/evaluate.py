@@ -185,7 +185,7 @@ class EvalContext:
     @property
     def private_paths(self) -> list[Path]:
         """What a candidate's process must not see: the reference's folder, other candidates' compiled
-        kernels, the harness's log, and the agents' workspaces (the red team listed them all)."""
+        kernels, the harness's log, and the agents' workspaces: each would hand it a reference or a solution."""
         return [self.reference_dir, self.work_dir / "kernels", self.work_dir / "harness.log", self.work_dir / "workspaces"]
 
     @property
@@ -348,7 +348,7 @@ async def _compile_step(ctx, files, backend, scratch, result) -> bool:
 
 
 MAX_BUILD_FILES = 256  # a load_inline build folder holds its sources, ninja's files, objects and a library
-MAX_BUILD_MB = 128  # apparent size: a sparse file counts at its length (the red team's 1 GiB hole filled the cache's disk)
+MAX_BUILD_MB = 128  # apparent size: a sparse file counts at its length (a 1 GiB hole would fill the cache's disk: corpus rt3_inline_cache_sparse_fill)
 
 
 def build_bounds(folder: Path) -> str:
@@ -460,8 +460,8 @@ def keep_baselines(ctx: EvalContext, key: tuple[str, str], verdict: dict) -> dic
 def _plausible(base: Baseline) -> bool:
     """A baseline to keep: above the clock's floor, with an IQR below twice its median.
 
-    The red team made a concurrent import child storm the CPUs during a task's first
-    baseline; cached, a floor-level or wildly noisy baseline would decide every later reward.
+    A concurrent import child can storm the CPUs during a task's first baseline; cached, a
+    floor-level or wildly noisy baseline would decide every later reward.
     """
     return all(t.median_ms > 2 * MIN_NET_MS and t.iqr_ms < 2 * t.median_ms for t in (base.eager, base.compiled))
 

@@ -56,7 +56,7 @@ def _special(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def _sparse_sign(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """A few scattered sign changes (one value in a thousand): a kernel that probes some values to
-    decide which set it is given (the red team's rt3_relu_sign_probe) meets a set it misjudges."""
+    decide which set it is given (corpus rt3_relu_sign_probe) meets a set it misjudges."""
     flip = torch.rand(x.shape, generator=gen, device=x.device) < SPARSE_SHARE
     return torch.where(flip, torch.where(x >= 0, -x - 1, 1 - x), x)
 

@@ -32,7 +32,7 @@ makes the kernel refuse them for every thread of the candidate's process:
   its memory). ``ptrace`` and ``process_vm_writev`` (another way into a process's memory),
   ``userfaultfd`` (a page that stalls the harness's read of an output), ``io_uring_setup``
   (system calls this filter would not see) and ``shmat`` with SHM_EXEC (a SysV segment attached
-  executable, written through another attach: the red team's rt3_shm_exec_jit) fail with EPERM too. dlopen maps files read-only,
+  executable, written through another attach: corpus rt3_shm_exec_jit) fail with EPERM too. dlopen maps files read-only,
   so ``ctypes.CDLL`` of kernel.so still works; JIT compilers (oneDNN's, in torch's CPU
   fallbacks) fail.
 - Every other system call is allowed, so threads (the OpenMP pool, CUDA's own threads,

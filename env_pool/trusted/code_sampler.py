@@ -181,7 +181,7 @@ class CpuSampler:
         """Redraw every event's period: the sample times must not be predictable.
 
         A fixed period is a clock the candidate can read (each sample is a visible pause): the
-        red team ran a library only between ticks (rt2_tick_dodge) and got no library sample.
+        candidate that runs a library only between ticks gets no library sample (corpus rt2_tick_dodge).
         Redrawn from an exponential distribution at random moments (the harness's polls), the
         next sample's time is unknown to the candidate, whatever it saw.
         """
@@ -271,7 +271,7 @@ def read_maps(pid: int) -> list[Mapping]:
     try:
         # As bytes, decoded as the OS would: a path that is not UTF-8 (the candidate names its files)
         # raised UnicodeDecodeError here, which the harness reported as its own fault, infra, so a
-        # failing candidate's trajectory was dropped instead of scored (the red team's rt3_maps_undecodable_infra).
+        # failing candidate's trajectory was dropped instead of scored (corpus rt3_maps_undecodable_infra).
         text = os.fsdecode(Path(f"/proc/{pid}/maps").read_bytes())
     except OSError:
         return out
@@ -325,8 +325,8 @@ class CodeIdentity:
     def for_scratch(cls, scratch: Path, rules: Rules = STRICT) -> "CodeIdentity":
         """Taken before the candidate's server starts, of the files sealed by then (evaluate.py's
         seal_kernel): kernel.so, and the libraries of a load_inline build (by inode, never by
-        folder: the red team's rt2_fake_extension copied OpenBLAS into the extensions folder at
-        run time). They stay open here until ``close``: a candidate that unlinks one and writes a
+        folder: a candidate can copy OpenBLAS into the extensions folder at run time, corpus
+        rt2_fake_extension). They stay open here until ``close``: a candidate that unlinks one and writes a
         library in its place gets a new inode number, never the old one back (a freed inode's
         number is reused at once on ext4)."""
         own, held = set(), []
@@ -386,8 +386,8 @@ MAX_OWN_LIBRARIES = 64  # a load_inline build leaves one library per extension: 
 
 
 class TooManyLibraries(ValueError):
-    """The build left more libraries than a build makes (the red team left 25,000, and the harness
-    held a descriptor for each until it had none left for anything else)."""
+    """The build left more libraries than a build makes (25,000 of them would take a descriptor
+    each in the harness until it had none left for anything else: corpus rt3_own_library_fd_exhaustion)."""
 
 
 def own_libraries(scratch: Path) -> list[Path]:
@@ -584,8 +584,8 @@ class Disturbance:
     A build (a compiler, or any process in a candidate's sandbox: an import step, another
     candidate's server) on those CPUs slows the clock or the server that is being timed. For a
     candidate that only costs its own evaluation, but a task's baselines are kept for the
-    worker's life: the red team's compile of ~80 s beside a task's first baselines left them
-    cached at 3x their quiet time, and an honest kernel two milestones up. The worker keeps its
+    worker's life: a compile of ~80 s beside a task's first baselines left them cached at 3x
+    their quiet time, and an honest kernel two milestones up. The worker keeps its
     builds off those CPUs while baselines are timed (env_pool/evaluate.py's BuildGate); this
     is the check that it worked, whatever started the build.
     """

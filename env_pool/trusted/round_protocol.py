@@ -245,8 +245,8 @@ class Rounds:
 
         The caches are flushed (every round starts cold) before the clock, and the inputs
         written only after it starts, while the server is frozen: a server that watches the
-        slots can do nothing ahead of time (the red team's prestage_watcher computed during the
-        flush; a later one, as the inputs landed). The nonce is unguessable and DONE is
+        slots can do nothing ahead of time (corpus rt_prestage_watcher computes during the flush
+        if it can; rt_prestage_predone, as the inputs land). The nonce is unguessable and DONE is
         cleared: a DONE written before GO, or left by another server, never matches it; the
         OUTS words are cleared, so a server that places nothing is read from nowhere.
         """
@@ -304,8 +304,8 @@ class Rounds:
     def wait_ready(self, phase: int, thread: threading.Thread, trusted: bool) -> None:
         """Wait for the server's phase; a failed build is the candidate's in a server that loads its code.
 
-        Such a server never reports "infra": whatever it writes may be the candidate's forgery (the
-        red team raised serve.py's own RoundError("infra") from ModelNew). The one real infra cause
+        Such a server never reports "infra": whatever it writes may be the candidate's forgery (a
+        ModelNew can raise serve.py's own RoundError("infra")). The one real infra cause
         there, a seccomp filter that will not install, is ruled out by seccomp_works() beforehand.
         """
         words = self.control.words
@@ -527,8 +527,8 @@ def _untrusted_report(outcome: SandboxOutcome | None) -> dict:
     """The server's result channel, as untrusted msgpack: only short strings survive.
 
     ``readable`` is False when the report is missing, oversized, malformed or has trailing
-    bytes: a candidate's server whose report cannot be read fails (the red team's one stray
-    byte made the old parser drop every guard violation). Unpacked with msgpack's size limits:
+    bytes: a candidate's server whose report cannot be read fails (one stray byte must not make
+    the parser drop every guard violation). Unpacked with msgpack's size limits:
     a crafted report must not cost the trusted side memory or time.
     """
     try:
