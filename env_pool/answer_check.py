@@ -47,7 +47,7 @@ def check_answer(task: Task, files: Mapping[str, str], answer_file: str, inverte
 
 @ray.remote
 class AnswerWorker:
-    """The verifier as an env worker: results travel as msgpack-ready dicts (EvalResult.to_dict())."""
+    """The verifier as an env worker (EnvWorker's interface): a Task in, an EvalResult back."""
 
     def __init__(self, cfg: Mapping[str, Any], cpu_share: tuple[int, int] = (0, 1)):
         verifier, reward = cfg["verifier"], cfg["reward"]
@@ -55,18 +55,17 @@ class AnswerWorker:
         self.correct, self.failure = float(reward["correct"]), float(reward["failure"])
         self.stats = {"pending": 0, "busy_s": 0.0, "evaluated": 0}
 
-    def evaluate(self, task: Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> dict[str, Any]:
+    def evaluate(self, task: Task, files: Mapping[str, str], mode: str = "full") -> EvalResult:
         started = time.perf_counter()
-        result = check_answer(Task.from_dict(dict(task)), files, self.answer_file, self.inverted,
-                              self.correct, self.failure)
+        result = check_answer(task, files, self.answer_file, self.inverted, self.correct, self.failure)
         self.stats["evaluated"] += 1
         self.stats["busy_s"] += time.perf_counter() - started
-        return result.to_dict()
+        return result
 
-    def profile_reference(self, task: Mapping[str, Any]) -> dict[str, Any]:
+    def profile_reference(self, task: Task) -> dict[str, Any]:
         return {"ok": False, "error": "the learning check has no reference to profile"}
 
-    def ncu(self, task: Mapping[str, Any], files: Mapping[str, str]) -> str:
+    def ncu(self, task: Task, files: Mapping[str, str]) -> str:
         return "ncu is unavailable in the learning check"
 
     def health(self) -> dict[str, Any]:

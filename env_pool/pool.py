@@ -165,20 +165,20 @@ class EnvPool:
 
 @ray.remote
 class EnvWorker:
-    """Ray actor around EnvPool; results travel as msgpack-ready dicts (EvalResult.to_dict())."""
+    """Ray actor around EnvPool: a Task in, an EvalResult back (protocol/results.py), as the objects they are."""
 
     def __init__(self, cfg: Mapping[str, Any] | None = None, max_pending: int = 64, cpu_share: tuple[int, int] = (0, 1)):
         # Before anything starts: the harness, servers and builds inherit this process's CPUs.
         take_cpu_share(*cpu_share)
         self.pool = EnvPool(cfg, max_pending)
 
-    async def evaluate(self, task: Mapping[str, Any], files: Mapping[str, str], mode: str = "full") -> dict[str, Any]:
-        return (await self.pool.evaluate(task, files, mode)).to_dict()
+    async def evaluate(self, task: Task, files: Mapping[str, str], mode: str = "full") -> EvalResult:
+        return await self.pool.evaluate(task, files, mode)
 
-    async def profile_reference(self, task: Mapping[str, Any]) -> dict[str, Any]:
+    async def profile_reference(self, task: Task) -> dict[str, Any]:
         return await self.pool.profile_reference(task)
 
-    async def ncu(self, task: Mapping[str, Any], files: Mapping[str, str]) -> str:
+    async def ncu(self, task: Task, files: Mapping[str, str]) -> str:
         return await self.pool.ncu(task, files)
 
     async def health(self) -> dict[str, Any]:

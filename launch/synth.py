@@ -203,13 +203,13 @@ class _Screener:
         from actors.topology import start_cluster
 
         self.started = not ray.is_initialized()  # Ray started here is shut down here (a caller's stays up)
-        cluster = OmegaConf.to_container(cfg.cluster, enum_to_str=True)
-        if cluster["address"] == "local":
+        cluster = cfg.cluster
+        if cluster.address == "local":  # a private cluster sized for the screens, where the config leaves it open
             import torch
 
-            cluster["num_cpus"] = workers if cluster["num_cpus"] is None else cluster["num_cpus"]
-            if cluster["num_gpus"] is None:
-                cluster["num_gpus"] = 1 if backend == "cuda" and torch.cuda.is_available() else 0
+            gpus = 1 if backend == "cuda" and torch.cuda.is_available() else 0
+            cluster = OmegaConf.merge(cluster, {"num_cpus": workers if cluster.num_cpus is None else cluster.num_cpus,
+                                                "num_gpus": gpus if cluster.num_gpus is None else cluster.num_gpus})
         start_cluster(cluster, ray_init_options(cfg.logging, out))
         self.remote = ray.remote(num_cpus=1, num_gpus=1.0 / workers if backend == "cuda" else 0)(_screen)
 

@@ -59,14 +59,14 @@ class RayEnvClient:
         self.pending = [0] * len(self.workers)
 
     async def evaluate(self, task: Task, files: Mapping[str, str], mode: str) -> EvalResult:
-        return EvalResult.from_dict(await self._call("evaluate", task.to_dict(), dict(files), mode))
+        return await self._call("evaluate", task, dict(files), mode)
 
     async def profile_reference(self, task: Task) -> dict[str, Any]:
         # Each worker caches its own profiles: asking the same worker for a task keeps them warm.
-        return await self._call("profile_reference", task.to_dict(), worker=zlib.crc32(task.id.encode()) % len(self.workers))
+        return await self._call("profile_reference", task, worker=zlib.crc32(task.id.encode()) % len(self.workers))
 
     async def ncu(self, task: Task, files: Mapping[str, str]) -> str:
-        return await self._call("ncu", task.to_dict(), dict(files))
+        return await self._call("ncu", task, dict(files))
 
     async def _call(self, method: str, *args: Any, worker: int | None = None) -> Any:
         i = worker if worker is not None else min(range(len(self.workers)), key=self.pending.__getitem__)

@@ -15,7 +15,7 @@ import pytest
 
 from env_pool.build.compile import compile_kernel
 from env_pool.pool import EnvPool
-from protocol.results import EvalResult, Milestone
+from protocol.results import Milestone
 from tasks.loader import load_tasks
 from tests.corpus_cases import CORPUS, files_of, load_cases, meets, verdicts
 
@@ -150,9 +150,9 @@ def test_env_worker_ray_actor_evaluates_and_reports_health(tmp_path, tasks):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         worker = EnvWorker.remote({"work_dir": str(tmp_path), "run_timeout_s": 60.0})
-        good = worker.evaluate.remote(tasks["level1/01_gelu"].to_dict(), files_of(CORPUS / "legit" / "gelu_omp"), "verify")
-        bad = worker.evaluate.remote(tasks["level1/03_softmax"].to_dict(), files_of(CORPUS / "hacks" / "torch_fallback_softmax"), "verify")
-        good, bad = (EvalResult.from_dict(r) for r in ray.get([good, bad], timeout=600))
+        good = worker.evaluate.remote(tasks["level1/01_gelu"], files_of(CORPUS / "legit" / "gelu_omp"), "verify")
+        bad = worker.evaluate.remote(tasks["level1/03_softmax"], files_of(CORPUS / "hacks" / "torch_fallback_softmax"), "verify")
+        good, bad = ray.get([good, bad], timeout=600)
         assert good.milestone == Milestone.CORRECT, good.message
         assert bad.failure == "guard" and bad.violations[0].guard == "torch_fallback"
         stats = ray.get(worker.health.remote())["stats"]
