@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy
 import pytest
 
-from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Mapping, PhaseSampling, judge
+from env_pool.trusted.code_sampler import (CodeIdentity, CodeLedger, CpuSampler, Mapping, PhaseSampling, Sample,
+                                          cpu_time_shares, judge)
 from env_pool.trusted.round_protocol import RoundsFailed, open_sampler
 
 CHILD = """
@@ -201,6 +202,21 @@ def test_torch_in_most_timed_rounds_is_a_fallback_however_few_of_all_rounds_they
     assert [v["guard"] for v in judge(ledger_by_round(rounds), null, timed=9)] == ["torch_fallback"]
     # In 4 of the 9 the timing's median is the candidate's own kernel: nothing gained, not flagged.
     assert judge(ledger_by_round([0] * 14 + [20] * 4), null, timed=9) == []
+
+
+def test_a_samples_time_is_its_share_of_its_cpus_window_whatever_the_period():
+    """A 2 ms round on one CPU sampled every 400 us (a long period drawn, and kept a while): its
+    5 samples stand for 2 ms, not 5 x 100 us. So counted, a 2 ms torch softmax read 0.6 ms in
+    one round of torch_in_most_timed_rounds and the fallback passed one run in four."""
+    server, other = 7, 8
+    start = 1_000_000
+    slow = [Sample(start + 400_000 * k, server, 0, False, cpu=0) for k in range(5)]
+    busy = [Sample(start + 50_000 * k, other if k % 2 else server, 0, False, cpu=1) for k in range(40)]
+    shares = cpu_time_shares(slow + busy + [Sample(start + 3_000_000, server, 0, False)], start, start + 2_000_000, {server})
+    on = {cpu: sum(ns for s, ns in shares if s.cpu == cpu) for cpu in (0, 1)}
+    assert on[0] == 2_000_000, "the slowly sampled CPU was the server's for the whole window"
+    assert on[1] == 1_000_000, "half the samples of the busy CPU were another process's"
+    assert len(shares) == 25, "samples outside the window or of other processes stand for nothing"
 
 
 def test_no_sampler_is_infra_not_an_unwatched_run():

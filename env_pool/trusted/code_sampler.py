@@ -109,6 +109,7 @@ class Sample:
     pid: int
     ip: int
     kernel: bool
+    cpu: int = 0  # the index of the CPU (its ring) it was taken on
 
 
 @dataclass
@@ -204,12 +205,12 @@ class CpuSampler:
         """Every record since the last drain: (samples, (pid, new executable mapping) in time order)."""
         samples: list[Sample] = []
         maps: list[tuple[int, Mapping]] = []
-        for ring in self.rings:
+        for cpu, ring in enumerate(self.rings):
             head = struct.unpack_from("Q", ring, _HEAD)[0]
             tail = struct.unpack_from("Q", ring, _TAIL)[0]
             size = RING_PAGES * _PAGE
             data = _ring_bytes(ring, tail, head, size)
-            self.lost += _parse(data, samples, maps)
+            self.lost += _parse(data, samples, maps, cpu)
             struct.pack_into("Q", ring, _TAIL, head)
         maps.sort(key=lambda m: m[1].time)
         return samples, maps
@@ -240,8 +241,8 @@ def _ring_bytes(ring: mmap.mmap, tail: int, head: int, size: int) -> bytes:
     return ring[start:_PAGE + size] + ring[_PAGE:end]
 
 
-def _parse(data: bytes, samples: list[Sample], maps: list[tuple[int, Mapping]]) -> int:
-    """Append the records in ``data``; returns the count of samples the kernel lost."""
+def _parse(data: bytes, samples: list[Sample], maps: list[tuple[int, Mapping]], cpu: int = 0) -> int:
+    """Append the records in ``data`` (CPU ``cpu``'s ring); returns the count of samples the kernel lost."""
     lost, pos = 0, 0
     while pos + 8 <= len(data):
         kind, misc, size = struct.unpack_from("IHH", data, pos)
@@ -250,7 +251,7 @@ def _parse(data: bytes, samples: list[Sample], maps: list[tuple[int, Mapping]]) 
         body = pos + 8
         if kind == _RECORD_SAMPLE:
             ip, pid, _tid, when = struct.unpack_from("QIIQ", data, body)
-            samples.append(Sample(when, pid, ip, (misc & _CPUMODE_MASK) == _CPUMODE_KERNEL))
+            samples.append(Sample(when, pid, ip, (misc & _CPUMODE_MASK) == _CPUMODE_KERNEL, cpu))
         elif kind == _RECORD_MMAP2:
             pid, _tid, addr, length, _pgoff, major, minor, inode, _gen, _prot, _flags = struct.unpack_from(
                 "IIQQQIIQQII", data, body)
@@ -439,11 +440,18 @@ def _short(path: str) -> str:
 
 @dataclass
 class CodeLedger:
-    """Attributed samples of one phase: counts per category and label, over the rounds' windows."""
+    """Attributed samples of one phase: counts and CPU time per category and label, over the rounds' windows.
+
+    A sample's time is its CPU's share of the round: the round's window over the samples taken
+    on that CPU in it (PhaseSampling.round_done). The period is redrawn at random (reperiod) and
+    a drawn period holds for a while, so a count times the mean period put a 2 ms torch softmax
+    anywhere from 0.6 to 7 ms, and torch in most timed rounds passed one run in four.
+    """
 
     counts: Counter = field(default_factory=Counter)
+    time_ns: Counter = field(default_factory=Counter)  # CPU time per category, estimated as above
     labels: dict[str, Counter] = field(default_factory=lambda: {c: Counter() for c in CATEGORIES})
-    torch_rounds: list[int] = field(default_factory=list)  # torch samples of each judged round, in order
+    torch_rounds: list[float] = field(default_factory=list)  # torch CPU time (ns) of each judged round, in order
     lost: int = 0  # samples the kernel could not write (a full ring): too many and the phase cannot be judged
 
     @property
@@ -459,11 +467,13 @@ class CodeLedger:
         """Samples in user code: the kernel's time (page faults, system calls) is nobody's compute."""
         return sum(n for c, n in self.counts.items() if c != "kernel")
 
-    def add(self, category: str, label: str) -> None:
+    def add(self, category: str, label: str, ns: float = PERIOD_NS) -> None:
+        """One sample of ``category``, standing for ``ns`` of CPU time."""
         self.counts[category] += 1
+        self.time_ns[category] += ns
         self.labels[category][label] += 1
         if category == "torch" and self.torch_rounds:
-            self.torch_rounds[-1] += 1
+            self.torch_rounds[-1] += ns
 
     def to_dict(self) -> dict:
         return {"judged_rounds": self.rounds, "samples": dict(self.counts), "lost": self.lost, "period_ns": PERIOD_NS,
@@ -514,16 +524,26 @@ class PhaseSampling:
         if not judged:
             return
         self.ledger.start_round()
-        for s in samples:
-            if s.pid in self.pids and start_ns <= s.time <= end_ns:
-                if s.kernel:
-                    self.ledger.add("kernel", "kernel")
-                else:
-                    self.ledger.add(*self.identity.category(self.spaces.lookup(s.pid, s.ip, s.time)))
+        for s, ns in cpu_time_shares(samples, start_ns, end_ns, self.pids):
+            if s.kernel:
+                self.ledger.add("kernel", "kernel", ns)
+            else:
+                self.ledger.add(*self.identity.category(self.spaces.lookup(s.pid, s.ip, s.time)), ns)
+
+
+def cpu_time_shares(samples: list[Sample], start_ns: int, end_ns: int, pids: set[int]) -> list[tuple[Sample, float]]:
+    """The samples of ``pids`` in the window, each with the CPU time it stands for: the window over
+    the samples its CPU took in it, every process's counted (an idle CPU is sampled too).
+
+    Unbiased whatever period was in force; a count times the mean period is not (CodeLedger).
+    """
+    window = [s for s in samples if start_ns <= s.time <= end_ns]
+    per_cpu = Counter(s.cpu for s in window)
+    return [(s, (end_ns - start_ns) / per_cpu[s.cpu]) for s in window if s.pid in pids]
 
 
 def per_round_ns(ledger: CodeLedger, category: str) -> float:
-    return ledger.counts[category] * PERIOD_NS / max(1, ledger.rounds)
+    return ledger.time_ns[category] / max(1, ledger.rounds)
 
 
 def torch_round_ns(ledger: CodeLedger, last: int = 0) -> float:
@@ -533,8 +553,8 @@ def torch_round_ns(ledger: CodeLedger, last: int = 0) -> float:
     round now and then pays a one-off millisecond in torch (one round of seven, on the CI's 2
     cores, held 1.5 ms of it: over four verify rounds, a mean flagged gelu_omp and scaled_softmax).
     """
-    counts = ledger.torch_rounds[-last:] if last else ledger.torch_rounds
-    return statistics.median(counts) * PERIOD_NS if counts else 0.0
+    times = ledger.torch_rounds[-last:] if last else ledger.torch_rounds
+    return statistics.median(times) if times else 0.0
 
 
 def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, timed: int = 0) -> list[dict]:
