@@ -19,6 +19,7 @@ import pytest
 from env_pool.trusted.code_sampler import (CodeIdentity, CodeLedger, CpuSampler, Mapping, PhaseSampling, Sample,
                                           cpu_time_shares, judge)
 from env_pool.trusted.round_protocol import RoundsFailed, open_sampler
+from tests.harness_requests import request_for
 
 CHILD = """
 import ctypes, os, sys, time
@@ -221,9 +222,9 @@ def test_a_samples_time_is_its_share_of_its_cpus_window_whatever_the_period():
 
 def test_no_sampler_is_infra_not_an_unwatched_run():
     with pytest.raises(RoundsFailed) as no_cpus:
-        open_sampler({"cpus": []})
+        open_sampler(request_for(cpus=()))
     assert no_cpus.value.kind == "infra"
     with pytest.raises(RoundsFailed) as bad_cpu:
-        open_sampler({"cpus": [4095]})
+        open_sampler(request_for(cpus=(4095,)))
     assert bad_cpu.value.kind == "infra" and "env.code_sampling=false" in str(bad_cpu.value)
-    assert open_sampler({"cpus": [], "code_sampling": False}) is None
+    assert open_sampler(request_for(cpus=(), code_sampling=False)) is None

@@ -5,7 +5,6 @@ that make them trustworthy, so a regression names the rule it broke.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -25,18 +24,9 @@ from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.rounds import GO, READY, Control, SlotMemory, plan_layout
 from env_pool.trusted.harness_process import HarnessProcess
 from env_pool.trusted.harness_request import HarnessRequest
+from tests.harness_requests import request_for
 from tasks.task import Task
 
-
-
-def request_for(task: Task, **fields) -> HarnessRequest:
-    """The worker's request for ``task`` under the default env config, with ``fields`` changed."""
-    from configs.schema import EnvConfig
-    from env_pool.evaluate import harness_request
-
-    request = harness_request(EnvConfig(), task, "cpp", "verify", False, Path("/w/scratch/x"), Path("/w/private/x"),
-                              Path("/w/inductor"), [])
-    return dataclasses.replace(request, **fields)
 
 
 def test_a_request_crosses_to_the_harness_whole_and_a_malformed_one_is_named():
