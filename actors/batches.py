@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from actors.buffer_client import fetch
-from actors.grouping import GroupAssembler
 from actors.feeder import JobFeeder
+from actors.grouping import GroupAssembler
 from actors.system import System
 from learner.groups import group_advantages
 from learner.rft import filter_trajectories

@@ -301,8 +301,8 @@ def cmd_episode(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from launch.single_episode import run_single_episode
     from launch.report import episode_line, print_transcript
+    from launch.single_episode import run_single_episode
 
     err_console.print(f"one episode of {args.policy} on {task.id}, up to {cfg.rollout.max_turns} turn(s): starting "
                       "the policy and the environment" + (f" (their output: {log_file})" if to_file else ""))

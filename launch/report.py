@@ -12,8 +12,8 @@ from rich.table import Table
 
 from launch.metrics import read_metrics
 from launch.plots import PLOTS
-from protocol.step_record import MILESTONE_RATES, REWARD, SKIPPED
 from protocol.results import EvalResult, Milestone
+from protocol.step_record import MILESTONE_RATES, REWARD, SKIPPED
 from protocol.trajectory import Trajectory
 
 MILESTONE_STYLE = {

@@ -33,8 +33,8 @@ from typing import Any
 import ray
 
 from actors.batches import learner_step, synchronous_step
-from actors.grouping import GroupAssembler
 from actors.feeder import JobFeeder, TaskSampler
+from actors.grouping import GroupAssembler
 from actors.run_logs import ray_init_options
 from actors.seeding import seed_process
 from actors.storage import RunStorage

@@ -269,8 +269,8 @@ def test_episode_with_transcript_prints_one_line_and_sends_the_libraries_output_
 
 def test_train_report_only_prints_a_runs_summary_with_its_skipped_steps_and_starts_nothing(tmp_path: Path):
     from launch.metrics import MetricsSink
-    from protocol.step_record import SKIPPED
     from launch.plots import write_plots
+    from protocol.step_record import SKIPPED
 
     run_dir = tmp_path / "run"
     with MetricsSink(run_dir, tensorboard=False) as sink:

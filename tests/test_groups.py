@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.grouping import GroupAssembler
 from actors.feeder import TaskSampler
+from actors.grouping import GroupAssembler
 from configs.load import ConfigError, load_config
 from launch.train import check_groups
 from learner.batching import flatten

@@ -24,8 +24,8 @@ from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.rounds import GO, READY, Control, SlotMemory, plan_layout
 from env_pool.trusted.harness_process import HarnessProcess
 from env_pool.trusted.harness_request import HarnessRequest
-from tests.harness_requests import request_for
 from tasks.task import Task
+from tests.harness_requests import request_for
 
 
 

@@ -213,8 +213,8 @@ def test_a_skipped_step_says_why_and_claims_no_throughput(caplog):
     # it took to read a batch from the buffer.
     from rich.console import Console
 
-    from protocol.step_record import SKIPPED
     from actors.batches import skip_reason
+    from protocol.step_record import SKIPPED
 
     display = ProgressDisplay(1, stage="rft", console=Console(file=io.StringIO(), force_terminal=False))
     reason = skip_reason("rft", 4, 0, 1)
