@@ -59,6 +59,9 @@ DEVICE_ENV = "CUDA_AGENT_SERVE_DEVICE"  # cpu or cuda: what warm_up prepares
 WARM_BYTE = b"w"  # sent on the fd socket once warm_up is done, before the server reads its payload
 
 
+_MAPPED: list = []  # the round memory of this process's run, never unmapped (serve)
+
+
 class RoundError(Exception):
     """A failure with its kind: "wrong" (shape, dtype, count, device), "import", "crash" or "infra"."""
 
@@ -82,6 +85,10 @@ def serve(payload: dict, report: dict) -> None:
     ctrl = Control(int(payload["control_fd"]))
     layout = Layout.from_dict(payload["layout"])
     memory = SlotMemory.attach(int(payload["slots_fd"]), layout.size, device)
+    # Mapped until the process exits: unmapped when serve() returned, a candidate thread still
+    # reading its inputs there (tests/data/window_canary's watcher) faulted in the moments before
+    # the exit, and a run whose every round passed ended as a SIGSEGV crash.
+    _MAPPED.extend((ctrl, memory))
     args = [memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.args]
     arena = Arena(memory.address(layout.arena_offset), layout.arena_size) if device == "cuda" else None
     problem = build_problem(task, payload["backend"])
