@@ -195,6 +195,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
         step = await setup_learner(kind, stage_dir, system, state, base_model, steps)
     display.at_step(step)
     sink = MetricsSink.from_config(cfg.logging, resume_step=state.step + step)
+    audit = RecordWriter(out / "episodes.jsonl")  # opened once a stage: a torn last line is cut here, not every step
     max_turns = cfg.stage.single_turn_max_turns if stage == "single_turn_ppo" else cfg.rollout.max_turns
     await asyncio.gather(*(g.set_max_turns.remote(max_turns) for g in system.generators))
 
@@ -231,7 +232,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
             step += 1
             metrics["jobs/learner_restarts"] = learner_restarts
             sink.log(state.step + step, metrics, stage)
-            log_episodes(out, state.step + step, stage, episodes)
+            log_episodes(audit, state.step + step, stage, episodes)
             if heldout is not None:  # in the background: generation and the next step go on
                 heldout.maybe_start(state.step + step, system.generators, sink)
             display.update(step, metrics, stage)
@@ -245,6 +246,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
         if heldout is not None:
             await heldout.wait()  # its episodes use the generators: done before they change stage
         sink.close()
+        audit.close()
         if background is not None:
             background.cancel()
         await feeder.cancel(system.buffer)  # episodes of this stage must not feed the next
@@ -312,10 +314,9 @@ async def setup_learner(kind: str, stage_dir: Path, system: System, state: Recip
     return step
 
 
-def log_episodes(out: Path, step: int, stage: str, episodes: list[dict[str, Any]]) -> None:
+def log_episodes(audit: RecordWriter, step: int, stage: str, episodes: list[dict[str, Any]]) -> None:
     """One line per trained episode: the audit trail of what the learner saw, and when."""
-    with RecordWriter(out / "episodes.jsonl") as records:
-        for e in episodes:
-            records.write({"step": step, "stage": stage, **e})
+    for e in episodes:
+        audit.write({"step": step, "stage": stage, **e})
 
 
