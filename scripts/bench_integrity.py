@@ -35,6 +35,7 @@ from configs.schema import EnvConfig  # noqa: E402
 from env_pool.build.compile import compile_kernel  # noqa: E402
 from env_pool.evaluate import EvalContext, evaluate  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
+from tasks.solution import write_solution  # noqa: E402
 from tasks.task import build_problem  # noqa: E402
 from tests.corpus_cases import files_of, load_cases, meets, verdicts  # noqa: E402
 
@@ -89,8 +90,9 @@ def independent(task, files: dict, work: Path) -> dict:
 
     built = compile_kernel(files, "cuda", work / "kernels")
     folder = Path(tempfile.mkdtemp(dir=work))
-    (folder / "model_new.py").write_text(files["model_new.py"])
-    (folder / "kernel.so").write_bytes(Path(built.library).read_bytes())
+    write_solution(folder, files)  # a load_inline or paper-layout solution builds itself on import: no kernel.so
+    if built.library:
+        (folder / "kernel.so").write_bytes(Path(built.library).read_bytes())
     spec = importlib.util.spec_from_file_location(f"model_new_{folder.name}", folder / "model_new.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -20,10 +20,11 @@ def load_cases(kind: str) -> list[tuple[Path, dict]]:
 
 def files_of(folder: Path) -> dict[str, str]:
     """A case's solution files: those of the case its case.json names in ``files_from`` (the same
-    hack evaluated another way, or another case's kernel), with its own files over them."""
+    hack evaluated another way, or another case's kernel; followed as far as it goes), with its
+    own files over them."""
     meta = folder / "case.json"
     source = json.loads(meta.read_text()).get("files_from") if meta.exists() else None
-    files = _own_files(CORPUS / source) if source else {}
+    files = files_of(CORPUS / source) if source else {}
     return {**files, **_own_files(folder)}
 
 

@@ -17,6 +17,7 @@ from env_pool.build.compile import compile_kernel
 from env_pool.pool import EnvPool
 from protocol.results import Milestone
 from tasks.loader import load_tasks
+from tasks.solution import SOLUTION_FILE
 from tests.corpus_cases import CORPUS, files_of, load_cases, meets, verdicts
 
 
@@ -111,6 +112,17 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
         assert result.milestone <= twin.milestone, (
             f"{folder.name} earned {int(result.milestone)} ({result.speedup_vs_eager:.2f}x eager), its honest twin "
             f"{case['twin']} {int(twin.milestone)} ({twin.speedup_vs_eager:.2f}x)")
+
+
+ALL_CASES = load_cases("legit") + load_cases("hacks")
+
+
+@pytest.mark.parametrize("folder,case", ALL_CASES, ids=[f"{f.parent.name}/{f.name}" for f, _ in ALL_CASES])
+def test_every_case_hands_the_environment_a_solution_entry(folder: Path, case: dict):
+    # Through its whole files_from chain: a cuda case the CPU suite never evaluates must not reach
+    # its GPU run without model_new.py (matmul_tf32_strict_cuda did, its source itself borrowing).
+    if case["expect"] != {"failure": "missing_files"}:
+        assert SOLUTION_FILE in files_of(folder), f"{folder.name}: no {SOLUTION_FILE} among {sorted(files_of(folder))}"
 
 
 CUDA_SOURCES = sorted(CORPUS.glob("*/*/kernel.cu"))

@@ -8,7 +8,7 @@ dim = 4096
 
 PRESETS = {
     "cpp": {"batch_size": 512, "dim": 2048},
-    "cuda": {"batch_size": 8192, "dim": 4096},
+    "cuda": {"batch_size": 262144, "dim": 4096},
 }
 
 

@@ -7,7 +7,7 @@ dim = 4096
 
 PRESETS = {
     "cpp": {"batch_size": 1024, "dim": 2048},
-    "cuda": {"batch_size": 4096, "dim": 4096},
+    "cuda": {"batch_size": 131072, "dim": 4096},
 }
 
 

@@ -7,7 +7,7 @@ dim = 8192
 
 PRESETS = {
     "cpp": {"batch_size": 256, "dim": 8192},
-    "cuda": {"batch_size": 4096, "dim": 8192},
+    "cuda": {"batch_size": 65536, "dim": 8192},
 }
 
 

@@ -7,7 +7,7 @@ num_classes = 16384
 
 PRESETS = {
     "cpp": {"batch_size": 128, "num_classes": 16384},
-    "cuda": {"batch_size": 2048, "num_classes": 16384},
+    "cuda": {"batch_size": 65536, "num_classes": 16384},
 }
 
 

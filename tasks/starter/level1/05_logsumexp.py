@@ -7,7 +7,7 @@ dim = 8192
 
 PRESETS = {
     "cpp": {"batch_size": 1024, "dim": 2048},
-    "cuda": {"batch_size": 4096, "dim": 8192},
+    "cuda": {"batch_size": 32768, "dim": 8192},
 }
 
 

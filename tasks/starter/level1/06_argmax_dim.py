@@ -8,7 +8,7 @@ dim2 = 512
 
 PRESETS = {
     "cpp": {"batch_size": 16, "dim1": 256, "dim2": 256},
-    "cuda": {"batch_size": 128, "dim1": 1024, "dim2": 512},
+    "cuda": {"batch_size": 2048, "dim1": 1024, "dim2": 512},
 }
 
 

@@ -7,7 +7,7 @@ hidden = 4096
 
 PRESETS = {
     "cpp": {"batch_size": 4096, "hidden": 1024},
-    "cuda": {"batch_size": 8192, "hidden": 4096},
+    "cuda": {"batch_size": 131072, "hidden": 4096},
 }
 
 

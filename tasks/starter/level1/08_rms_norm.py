@@ -8,7 +8,7 @@ hidden = 2048
 
 PRESETS = {
     "cpp": {"batch_size": 4, "seq_len": 512, "hidden": 1024},
-    "cuda": {"batch_size": 16, "seq_len": 1024, "hidden": 2048},
+    "cuda": {"batch_size": 128, "seq_len": 1024, "hidden": 2048},
 }
 
 

@@ -10,7 +10,7 @@ width = 64
 
 PRESETS = {
     "cpp": {"batch_size": 16, "channels": 64, "num_groups": 8, "height": 64, "width": 64},
-    "cuda": {"batch_size": 32, "channels": 128, "num_groups": 8, "height": 64, "width": 64},
+    "cuda": {"batch_size": 1024, "channels": 128, "num_groups": 8, "height": 64, "width": 64},
 }
 
 

@@ -9,7 +9,7 @@ N = 512
 
 PRESETS = {
     "cpp": {"batch_size": 16, "M": 128, "K": 256, "N": 256},
-    "cuda": {"batch_size": 64, "M": 512, "K": 512, "N": 512},
+    "cuda": {"batch_size": 512, "M": 512, "K": 512, "N": 512},
 }
 
 

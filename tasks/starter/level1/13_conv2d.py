@@ -11,7 +11,7 @@ kernel_size = 3
 
 PRESETS = {
     "cpp": {"batch_size": 2, "in_channels": 32, "out_channels": 64, "height": 64, "width": 64},
-    "cuda": {"batch_size": 16, "in_channels": 64, "out_channels": 128, "height": 128, "width": 128},
+    "cuda": {"batch_size": 128, "in_channels": 64, "out_channels": 128, "height": 128, "width": 128},
 }
 
 

@@ -10,7 +10,7 @@ kernel_size = 7
 
 PRESETS = {
     "cpp": {"batch_size": 4, "channels": 64, "height": 64, "width": 64},
-    "cuda": {"batch_size": 16, "channels": 128, "height": 112, "width": 112},
+    "cuda": {"batch_size": 64, "channels": 128, "height": 112, "width": 112},
 }
 
 

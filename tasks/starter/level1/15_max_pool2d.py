@@ -9,7 +9,7 @@ width = 128
 
 PRESETS = {
     "cpp": {"batch_size": 4, "channels": 32, "height": 64, "width": 64},
-    "cuda": {"batch_size": 32, "channels": 64, "height": 128, "width": 128},
+    "cuda": {"batch_size": 512, "channels": 64, "height": 128, "width": 128},
 }
 
 

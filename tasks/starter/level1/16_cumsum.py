@@ -7,7 +7,7 @@ length = 32768
 
 PRESETS = {
     "cpp": {"batch_size": 256, "length": 8192},
-    "cuda": {"batch_size": 256, "length": 32768},
+    "cuda": {"batch_size": 16384, "length": 32768},
 }
 
 

@@ -14,7 +14,7 @@ dim = 131072
 
 PRESETS = {
     "cpp": {"batch_size": 1024, "dim": 4096},
-    "cuda": {"batch_size": 4096, "dim": 131072},
+    "cuda": {"batch_size": 8192, "dim": 131072},
 }
 
 

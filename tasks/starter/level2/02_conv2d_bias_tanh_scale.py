@@ -12,7 +12,7 @@ scaling_factor = 2.0
 
 PRESETS = {
     "cpp": {"batch_size": 2, "in_channels": 16, "out_channels": 32, "height": 64, "width": 64},
-    "cuda": {"batch_size": 16, "in_channels": 32, "out_channels": 64, "height": 128, "width": 128},
+    "cuda": {"batch_size": 128, "in_channels": 32, "out_channels": 64, "height": 128, "width": 128},
 }
 
 

@@ -9,7 +9,7 @@ out_features = 4096
 
 PRESETS = {
     "cpp": {"batch_size": 256, "in_features": 512, "out_features": 1024},
-    "cuda": {"batch_size": 4096, "in_features": 2048, "out_features": 4096},
+    "cuda": {"batch_size": 8192, "in_features": 2048, "out_features": 4096},
 }
 
 

@@ -8,7 +8,7 @@ temperature = 0.5
 
 PRESETS = {
     "cpp": {"batch_size": 256, "dim": 8192},
-    "cuda": {"batch_size": 2048, "dim": 8192},
+    "cuda": {"batch_size": 32768, "dim": 8192},
 }
 
 

@@ -9,7 +9,7 @@ scale = 4.0
 
 PRESETS = {
     "cpp": {"batch_size": 256, "in_features": 1024, "out_features": 512},
-    "cuda": {"batch_size": 4096, "in_features": 4096, "out_features": 2048},
+    "cuda": {"batch_size": 8192, "in_features": 4096, "out_features": 2048},
 }
 
 

@@ -11,7 +11,7 @@ kernel_size = 5
 
 PRESETS = {
     "cpp": {"batch_size": 4, "in_channels": 64, "out_channels": 64, "length": 1024},
-    "cuda": {"batch_size": 32, "in_channels": 128, "out_channels": 128, "length": 4096},
+    "cuda": {"batch_size": 256, "in_channels": 128, "out_channels": 128, "length": 4096},
 }
 
 

@@ -11,7 +11,7 @@ width = 112
 
 PRESETS = {
     "cpp": {"batch_size": 4, "in_channels": 32, "out_channels": 32, "height": 56, "width": 56},
-    "cuda": {"batch_size": 16, "in_channels": 64, "out_channels": 64, "height": 112, "width": 112},
+    "cuda": {"batch_size": 256, "in_channels": 64, "out_channels": 64, "height": 112, "width": 112},
 }
 
 

@@ -10,7 +10,7 @@ width = 64
 
 PRESETS = {
     "cpp": {"batch_size": 8, "in_channels": 32, "out_channels": 64, "height": 32, "width": 32},
-    "cuda": {"batch_size": 32, "in_channels": 64, "out_channels": 128, "height": 64, "width": 64},
+    "cuda": {"batch_size": 512, "in_channels": 64, "out_channels": 128, "height": 64, "width": 64},
 }
 
 

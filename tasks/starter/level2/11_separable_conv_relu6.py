@@ -11,7 +11,7 @@ width = 112
 
 PRESETS = {
     "cpp": {"batch_size": 4, "in_channels": 64, "out_channels": 128, "height": 56, "width": 56},
-    "cuda": {"batch_size": 32, "in_channels": 64, "out_channels": 128, "height": 112, "width": 112},
+    "cuda": {"batch_size": 128, "in_channels": 64, "out_channels": 128, "height": 112, "width": 112},
 }
 
 

