@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import random
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from launch.embedded_model import prepare_embedded_model
 from rollout.episode import answer_messages
-from tasks.answers import PAIRS, answer_tasks
+from tasks.answers import PAIRS, answer_tasks, asked_word, opposite
 
 PRIMED_NAME = "embedded-primed"
 DIRNAME = "smollm2-135m-instruct-primed"
@@ -61,6 +62,55 @@ def prepare_primed_model(cache_dir: str | os.PathLike) -> Path:
     return out
 
 
+def pad_id(tokenizer) -> int:
+    """The padding token, or end-of-text where the tokenizer names none (some transformers versions read the GGUF so)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def prompt_ids(tokenizer, question: str) -> list[int]:
+    """The question's tokens as the episode loop asks it: the chat template, ready for the answer."""
+    ids = tokenizer.apply_chat_template(answer_messages(question), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)  # some transformers versions return a dict
+
+
+def answer_preference(model_dir: str | os.PathLike) -> dict[str, float]:
+    """Per learning-check task, how much more likely the model's answer is the asked word than its
+    opposite: log P(call(asked) | question) - log P(call(other) | question), in nats, the whole call
+    and its end-of-text scored teacher-forced in float32.
+
+    The learning check's noise-free measure: a step's reward is a mean of a few ±1 samples (its 3-step
+    means moved by 0.25 between two runs of the same seeds), this is a function of the weights alone.
+    A policy that learned the rule prefers the asked word for every question (positive); the
+    control run's policy, rewarded for the other word, the opposite (negative)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+    def logp(prompt: list[int], word: str) -> float:
+        answer = tokenizer.encode(call_text(word) + tokenizer.eos_token)
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        return float(torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).sum())
+
+    preference = {}
+    for task in answer_tasks():
+        prompt, word = prompt_ids(tokenizer, task.source), asked_word(task)
+        preference[task.id] = logp(prompt, word) - logp(prompt, opposite(word))
+    return preference
+
+
+def expected_reward(preference: dict[str, float], inverted: bool = False) -> float:
+    """The mean reward a policy of these preferences earns when it writes one of its question's two
+    well-formed answers: P(asked) = sigmoid(preference), so E[reward] = tanh(preference / 2) for the
+    +1/-1 verifier (its negative for the control run's inverted one). Averaged over the questions."""
+    sign = -1.0 if inverted else 1.0
+    return sum(sign * math.tanh(p / 2) for p in preference.values()) / len(preference)
+
+
 def prime(base: Path, out: Path) -> list[float]:
     """Supervised steps on (question, a call with a random word of its pair); saves to ``out``."""
     import torch
@@ -71,8 +121,7 @@ def prime(base: Path, out: Path) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(base)
     # float32, saved as float32: bf16 would round away much of steps this small.
     model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
-    prompts = [tokenizer.apply_chat_template(answer_messages(t.source), add_generation_prompt=True, tokenize=True,
-                                             return_dict=False) for t in answer_tasks()]
+    prompts = [prompt_ids(tokenizer, t.source) for t in answer_tasks()]
     words = [w for pair in PAIRS for w in pair]
     optimiser = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
@@ -80,7 +129,7 @@ def prime(base: Path, out: Path) -> list[float]:
         rows = [(rng.choice(prompts), tokenizer.encode(call_text(rng.choice(words)) + tokenizer.eos_token))
                 for _ in range(BATCH)]
         width = max(len(p) + len(c) for p, c in rows)
-        ids = torch.full((BATCH, width), tokenizer.pad_token_id)
+        ids = torch.full((BATCH, width), pad_id(tokenizer))
         mask = torch.zeros(BATCH, width)
         for i, (p, c) in enumerate(rows):
             ids[i, :len(p) + len(c)] = torch.tensor(p + c)

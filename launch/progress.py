@@ -29,11 +29,13 @@ class ProgressDisplay:
     """
 
     def __init__(self, total_steps: int, stage: str = "", enabled: bool = True, console: Any = None,
-                 heartbeat_s: float = 60.0, refresh_s: float = 2.0):
+                 heartbeat_s: float = 60.0, refresh_s: float = 2.0, env_kind: str = "kernel"):
         from rich.console import Console
 
         self.total_steps = total_steps
         self.stage = stage
+        # The learning check's verifier pays only "correct" (the asked word): no speed columns
+        self.milestones = MILESTONE_RATES if env_kind == "kernel" else {"correct": MILESTONE_RATES["correct"]}
         self.console = console or Console(stderr=True)
         # Not a terminal (CI, a log file, a Ray job): live redraws would fill the log with frames.
         self.live_mode = enabled and self.console.is_terminal
@@ -128,7 +130,7 @@ class ProgressDisplay:
         if flat.get(SKIPPED):  # nothing trained: no throughput to speak of
             parts.append(f"skipped: {flat[SKIPPED]}")
         parts.append(f"reward {_fmt(flat.get(REWARD))}")
-        parts.append(" ".join(f"{label.split()[-1]} {_pct(flat.get(key))}" for label, key in MILESTONE_RATES.items()))
+        parts.append(" ".join(f"{label.split()[-1]} {_pct(flat.get(key))}" for label, key in self.milestones.items()))
         if not flat.get(SKIPPED):
             parts.append(f"{_fmt(flat.get(TOKENS_PER_S), '.0f')} tok/s")
         parts.append(f"env queue {_fmt(flat.get(ENV_QUEUE), '.0f')}")
@@ -166,7 +168,7 @@ class ProgressDisplay:
         if flat.get(SKIPPED):
             table.add_row("last step", f"skipped: {flat[SKIPPED]}")
         table.add_row("reward", _fmt(flat.get(REWARD)))
-        for label, key in MILESTONE_RATES.items():
+        for label, key in self.milestones.items():
             table.add_row(label, _pct(flat.get(key)))
         table.add_row("tokens/s", "-" if flat.get(SKIPPED) else _fmt(flat.get(TOKENS_PER_S), ".0f"))
         table.add_row("env queue", _fmt(flat.get(ENV_QUEUE), ".0f"))

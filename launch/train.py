@@ -141,7 +141,7 @@ def train(cfg: Any) -> Path:
     out = Path(cfg.logging.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heldout = HeldOutEval.from_config(cfg, out)  # before Ray starts: a bad held-out set fails now
-    with ProgressDisplay(0, enabled=cfg.logging.progress) as display:
+    with ProgressDisplay(0, enabled=cfg.logging.progress, env_kind=str(cfg.env.kind)) as display:
         owns_cluster = not ray.is_initialized()
         with display.phase("starting Ray"):
             start_cluster(cfg.cluster, ray_init_options(cfg.logging, out))
@@ -189,7 +189,7 @@ async def run_stage(stage: str, cfg: Any, system: System, tasks: list, state: Re
     kind, steps, stage_dir = TRAINER_OF[stage], cfg.stage.steps, out / stage
     started = time.monotonic()
     own_display = display is None  # train() passes the run's; it stays up between stages
-    display = display or ProgressDisplay(steps, stage, enabled=cfg.logging.progress)
+    display = display or ProgressDisplay(steps, stage, enabled=cfg.logging.progress, env_kind=str(cfg.env.kind))
     display.begin_stage(stage, steps)
     async with display.watched_phase("building the learner (its engines, and its checkpoint if any)"):
         step = await setup_learner(kind, stage_dir, system, state, base_model, steps)

@@ -147,6 +147,18 @@ def test_progress_is_one_plain_log_line_per_step_when_not_on_a_terminal(caplog):
         "step 4/10 [agentic_ppo] | reward 0.5 | correct 50% eager 50% torch.compile 0% | 1234 tok/s | env queue 3 | staleness 0.25"]
 
 
+def test_the_learning_checks_progress_line_shows_no_speed_milestones(caplog):
+    from rich.console import Console
+
+    display = ProgressDisplay(12, stage="agentic_ppo", console=Console(file=io.StringIO(), force_terminal=False),
+                              env_kind="verifier")
+    metrics = {**episode_metrics([SimpleNamespace(reward=1.0, milestone=1), SimpleNamespace(reward=-1.0, milestone=0)]),
+               TOKENS_PER_S: 99.0, STALENESS: 0.0}
+    with caplog.at_level(logging.INFO, logger="cuda_agent.progress"), display:
+        display.update(3, metrics)
+    assert caplog.messages == ["step 3/12 [agentic_ppo] | reward 0 | correct 50% | 99 tok/s | env queue - | staleness 0.00"]
+
+
 def test_progress_on_a_terminal_draws_a_live_panel_with_every_figure():
     from rich.console import Console
 

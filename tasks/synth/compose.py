@@ -24,7 +24,10 @@ from tasks.synth.catalogue import Op, fill, run_op
 # Per-sample sizes of each layout (the batch dimension is sized later); chosen so that a
 # chain's work is dominated by its operators, not the launch overhead.
 SAMPLE_SHAPES = {"flat": [(1024,), (2048,), (4096,)], "seq": [(64, 256), (128, 512)], "image": [(16, 32, 32), (32, 64, 64)]}
-MAX_ELEMENTS = 1 << 26  # no tensor of a chain may exceed this many elements at the sized batch (256 MB of float32)
+# No tensor of a chain may exceed this many elements at the sized batch: 256 MB of float32 on a
+# CPU; 2 GiB on a GPU, where at 256 MB (an H100, 2026-11-27) 29 of 50 chains ran in 0.1-1 ms, under
+# the window, and the accepted ones in 1.0-2.3 ms against the 10 ms aimed at.
+MAX_ELEMENTS = {"cpu": 1 << 26, "cuda": 1 << 29}
 SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
 SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
 CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
@@ -196,10 +199,10 @@ def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float,
         x = torch.randn(batch, *sample, device=device)
         ms, y = _eager_ms(model, x)
         tried[batch] = ms
-        if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS:
+        if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS[device]:
             break
         batch *= 2
-    cap = max(1, int(MAX_ELEMENTS // max(max(x.numel(), y.numel()) / batch, 1)))
+    cap = max(1, int(MAX_ELEMENTS[device] // max(max(x.numel(), y.numel()) / batch, 1)))
     # Time is not linear in the batch: a small batch runs from the caches, a large one pays DRAM and
     # page faults (relu then softsign took 30x longer per sample at 51M elements than at 1M), so a
     # linear guess from a small batch missed by 10-30x (issue 36: tasks sized for 10 ms ran in 1 ms).
