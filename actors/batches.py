@@ -3,9 +3,11 @@
     synchronous mode: a round of stage.batch_episodes episodes (generate), then the step on
                       exactly those the buffer accepted
     asynchronous mode: the feeder keeps generating; each step draws a batch from the buffer
-    a step: draw a batch (lost trajectories requeued) -> whole groups (stage.group_size, dynamic
+    a step: draw a batch (references and metas) -> whole groups (stage.group_size, dynamic
             sampling) -> RFT's filter (learner.rft) -> GRPO's advantages -> the learner group's
-            train_step -> the step's metrics (protocol/step_record.py) and its episodes' audit lines
+            train_step (its ranks fetch the tokens; lost ones are rerun) -> the step's metrics
+            (protocol/step_record.py) and its episodes' audit lines
+    The driver never fetches a trajectory: every number it decides on is in its TrajectoryMeta.
 
 The driver (launch/train.py) calls ``synchronous_step`` or ``learner_step`` once per step and
 writes what they return; a ``display`` (launch/progress.ProgressDisplay) is shown each phase.
@@ -17,13 +19,14 @@ import contextlib
 import time
 from typing import Any
 
-from actors.buffer_client import fetch
 from actors.feeder import JobFeeder
 from actors.grouping import GroupAssembler
 from actors.system import System
+from actors.trajectory_queue import BatchItem
 from learner.groups import group_advantages
-from learner.rft import filter_trajectories
+from learner.rft import filter_episodes
 from protocol.step_record import SKIPPED, episode_metrics
+from protocol.trajectory_meta import TrajectoryMeta
 
 
 def phase(display: Any, what: str, detail: Any = None) -> Any:
@@ -111,29 +114,32 @@ def accepted(answers: list[Any]) -> int:
     return sum(answer == "accepted" for answer in answers)
 
 
-async def draw(system: System, feeder: JobFeeder, background: asyncio.Task | None,
-               episodes: int) -> tuple[list[tuple[Any, Any]], int]:
-    """A batch from the buffer as (buffer item, trajectory) pairs; lost trajectories go back to be rerun."""
+async def draw(system: System, background: asyncio.Task | None, episodes: int) -> list[tuple[BatchItem, TrajectoryMeta]]:
+    """A batch from the buffer as (buffer item, its meta) pairs: references and numbers only, the
+    tokens stay in the object store until the learner's ranks fetch them."""
     if episodes <= 0:  # synchronous, and nothing of the round reached the buffer
-        return [], 0
+        return []
     batch = await first_of(system.buffer.get_batch.remote(max_episodes=episodes), background)
-    fetched = fetch(batch)
-    if fetched.lost:
-        await system.buffer.forget.remote([m.episode_id for m in fetched.lost])
-        feeder.requeue([(feeder.sampler.task_dict(m.task_id), m.episode_id) for m in fetched.lost])
-    item_of = {item.meta.episode_id: item for item in batch.items}  # already in the object store
-    return [(item_of[t.episode_id], t) for t in fetched.trajectories], len(fetched.lost)
+    return [(item, item.meta) for item in batch.items]
+
+
+async def rerun_lost(system: System, feeder: JobFeeder, lost: list[TrajectoryMeta]) -> None:
+    """Trajectories that died with their generator before the learner fetched them: the buffer
+    forgets them (so their reruns count once) and their tasks go back to the feeder."""
+    if lost:
+        await system.buffer.forget.remote([m.episode_id for m in lost])
+        feeder.requeue([(feeder.sampler.task_dict(m.task_id), m.episode_id) for m in lost])
 
 
 async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
                           assembler: GroupAssembler, pairs: list[tuple[Any, Any]]
-                          ) -> tuple[list[tuple[Any, Any]], list[str], list[Any], int, dict[str, float]]:
+                          ) -> tuple[list[tuple[Any, Any]], list[str], list[Any], dict[str, float]]:
     """Whole groups for one step: draws from the buffer (after ``pairs``, the first draw) until
     stage.batch_episodes episodes of complete groups are ready, with dynamic sampling only
     groups whose rewards differ, or stage.group_draws draws were made. Returns the ready pairs,
-    their group keys, every trajectory drawn, the lost count and metrics."""
+    their group keys, every episode drawn and metrics."""
     want = cfg.stage.batch_episodes
-    ready, keys, drawn, lost = [], [], [t for _, t in pairs], 0
+    ready, keys, drawn = [], [], [t for _, t in pairs]
     dropped = released = draws = 0
     while True:
         out = assembler.add(pairs)
@@ -147,13 +153,12 @@ async def assemble_groups(cfg: Any, system: System, feeder: JobFeeder, backgroun
         missing = want - len(ready)
         if background is None:  # synchronous mode: nothing generates unless asked, and only what arrives is drawn
             missing = accepted(await feeder.run_count(missing))
-        pairs, more_lost = await draw(system, feeder, background, missing)
+        pairs = await draw(system, background, missing)
         drawn += [t for _, t in pairs]
-        lost += more_lost
     metrics = {"groups/draws": float(draws), "groups/ready_episodes": float(len(ready)),
                "groups/dropped_uniform": float(dropped), "groups/released_incomplete": float(released),
                "groups/waiting_episodes": float(assembler.waiting_episodes)}
-    return ready, keys, drawn, lost, metrics
+    return ready, keys, drawn, metrics
 
 
 async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, background: asyncio.Task | None,
@@ -168,48 +173,54 @@ async def learner_step(kind: str, cfg: Any, system: System, feeder: JobFeeder, b
     waiting = (phase(display, f"waiting for a batch of {want} episodes", episodes_detail(system, want))
                if background is not None else contextlib.nullcontext())
     async with waiting:
-        pairs, lost = await draw(system, feeder, background, want)
-    drawn = [t for _, t in pairs]
+        pairs = await draw(system, background, want)
+    drawn = [m for _, m in pairs]
     keys: list[str] | None = None
     group_metrics: dict[str, float] = {}
     if assembler is not None:
         async with phase(display, "forming whole groups of episodes", episodes_detail(system, want)):
-            pairs, keys, drawn, more_lost, group_metrics = await assemble_groups(cfg, system, feeder, background,
-                                                                                 assembler, pairs)
-        lost += more_lost
-    metrics: dict[str, Any] = episode_metrics(drawn)
-    metrics.update(group_metrics)
+            pairs, keys, drawn, group_metrics = await assemble_groups(cfg, system, feeder, background, assembler, pairs)
+    metrics: dict[str, Any] = dict(group_metrics)
     offered = len(pairs)
     if kind == "rft":
-        kept, rejected = filter_trajectories([t for _, t in pairs], cfg.learner.rft)
+        kept, rejected = filter_episodes([m for _, m in pairs], cfg.learner.rft)
         metrics.update({f"rft/rejected_{k}": v for k, v in rejected.items()}, **{"rft/kept": len(kept)})
-        kept_ids = {t.episode_id for t in kept}
-        pairs = [(i, t) for i, t in pairs if t.episode_id in kept_ids]
+        kept_ids = {m.episode_id for m in kept}
+        pairs = [(i, m) for i, m in pairs if m.episode_id in kept_ids]
     ranks = system.learner.world_size
+    lost: list[TrajectoryMeta] = []
     if len(pairs) >= ranks:  # each rank needs one; fewer happens after RFT's filter or dynamic sampling
         items = [i for i, _ in pairs]
         advantages = None
         if keys is not None and str(cfg.learner.advantage) == "grpo":
-            advantages = group_advantages([t.reward for _, t in pairs], keys)
+            advantages = group_advantages([m.reward for _, m in pairs], keys)
         async with phase(display, f"training on {len(items)} episodes"):
-            metrics["learner"] = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
-                                                         [i.weight for i in items], advantages)
+            result = await system.train_step([i.ref for i in items], [i.meta.num_tokens for i in items],
+                                             [i.weight for i in items], advantages)
+        lost = [items[p].meta for p in result.lost]
+        if result.metrics:
+            metrics["learner"] = result.metrics
+        else:
+            metrics[SKIPPED] = f"{len(lost)} of {len(items)} episodes were lost with their generator, {ranks} needed"
     else:
         if pairs:
             metrics["learner/skipped_small_batch"] = len(pairs)
         metrics[SKIPPED] = skip_reason(kind, offered, len(pairs), ranks)
+    await rerun_lost(system, feeder, lost)
+    gone = {m.episode_id for m in lost}
+    drawn = [m for m in drawn if m.episode_id not in gone]  # run again: they are counted when they come back
+    metrics.update(episode_metrics(drawn))
     wall = time.perf_counter() - started
-    tokens = sum(t.num_tokens for t in drawn)
+    tokens = sum(m.num_tokens for m in drawn)
     buffer_stats = await system.buffer.stats.remote()
     metrics.update(await actor_load(system, wall))
     if SKIPPED not in metrics:  # a step that trained nothing has no throughput: its wall is a draw from the buffer
         metrics["throughput/tokens_per_s"] = tokens / wall if wall > 0 else 0.0
     metrics.update({
         "buffer": buffer_stats,
-        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": lost,
+        "jobs/reruns": feeder.reruns, "jobs/generator_restarts": feeder.restarts, "jobs/lost": len(lost),
         "step_s": wall,
     })
-    episodes = [{"episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward, "milestone": t.milestone,
-                 "stop_reason": t.stop_reason, "turns": len(t.turns), "versions": sorted(set(t.versions))}
-                for t in drawn]
+    episodes = [{"episode_id": m.episode_id, "task_id": m.task_id, "reward": m.reward, "milestone": m.milestone,
+                 "stop_reason": m.stop_reason, "turns": m.turns, "versions": m.versions} for m in drawn]
     return metrics, episodes

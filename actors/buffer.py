@@ -3,7 +3,8 @@
 Generators push each finished trajectory (actors/buffer_client.py, ``push``): the trajectory
 goes into the object store with ``ray.put`` and only its reference travels, with its
 TrajectoryMeta alongside, so the buffer judges and batches without ever fetching a trajectory.
-The learner asks for batches and fetches their trajectories itself (``fetch``).
+The driver asks for batches and decides on their metas; only the learner's ranks fetch the
+trajectories themselves (``fetch``, in LearnerGroup.step).
 """
 from __future__ import annotations
 

@@ -21,12 +21,14 @@ import asyncio
 import gc
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import ray
 from omegaconf import OmegaConf
 
+from actors.buffer_client import fetch
 from actors.seeding import derived_seed, seed_process
 from actors.storage import RunStorage, node_id
 from actors.weight_sync import WeightSender
@@ -94,6 +96,7 @@ class LearnerActor:
                               WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         self.trainer = None
         self.kind = ""
+        self.batch: list[Any] = []  # the trajectories of the last fetch, until the step that trains on them
         self.checkpoints = Path()
         self.sender = WeightSender(rank)
 
@@ -128,13 +131,19 @@ class LearnerActor:
             self.storage.fetch(self.checkpoints / marker.read_text().strip())
         return self.storage.place(self.checkpoints)
 
-    def step(self, batch: list[Any], weights: list[float] | None = None, version: int = 0,
+    def fetch(self, batch: list[Any]) -> list[int]:
+        """This rank's trajectories for its next step, out of the object store (``batch`` holds their
+        refs, nested, so unresolved); returns the positions of those lost with their generator."""
+        fetched = fetch(batch)
+        self.batch = fetched.trajectories
+        return fetched.lost
+
+    def step(self, weights: list[float] | None = None, version: int = 0,
              episode_advantages: list[float] | None = None) -> dict[str, float]:
-        """One learner step on this rank's trajectories; ``batch`` holds their object refs (nested,
-        so unresolved), ``weights`` their loss weights, ``version`` the policy version of the
-        weights the trainer holds (the driver's System owns it) and ``episode_advantages`` their
-        group-relative advantages (learner.advantage=grpo)."""
-        trajectories = ray.get(batch)
+        """One learner step on the trajectories of this rank's last ``fetch``: ``weights`` their loss
+        weights, ``version`` the policy version of the weights the trainer holds (the driver's
+        System owns it) and ``episode_advantages`` their group-relative advantages (learner.advantage=grpo)."""
+        trajectories, self.batch = self.batch, []
         if self.kind == "ppo":
             return self.trainer.step(trajectories, weights, version=version, episode_advantages=episode_advantages)
         return self.trainer.step(trajectories, weights)
@@ -247,18 +256,40 @@ class LearnerGroup:
         return results[0]
 
     async def step(self, refs: list[Any], sizes: list[int], weights: list[float], version: int = 0,
-                   episode_advantages: list[float] | None = None) -> dict[str, float]:
-        """Each rank trains on its share of the batch (``rank_shares``). Returns rank 0's metrics
-        (its shares' means; the gradient norms are global), with the counts summed over the
-        data-parallel groups. ``version`` and ``episode_advantages`` as in LearnerActor.step."""
-        shares = rank_shares(sizes, self.world_size, self.sequence_parallel)
+                   episode_advantages: list[float] | None = None) -> StepResult:
+        """Each rank fetches its share of the batch (``rank_shares``) and trains on it. A trajectory
+        lost with its generator is left out, and the rest dealt again (no rank may be left without
+        one), or, with too few left for the ranks, nothing is trained. The metrics are rank 0's (its
+        shares' means; the gradient norms are global), with the counts summed over the data-parallel
+        groups. ``version`` and ``episode_advantages`` as in LearnerActor.step."""
+        keep, lost = list(range(len(refs))), []
+        while True:
+            if len(keep) < self.world_size // self.sequence_parallel:
+                return StepResult({}, sorted(lost))
+            shares = [[keep[i] for i in share] for share in
+                      rank_shares([sizes[i] for i in keep], self.world_size, self.sequence_parallel)]
+            gone = await asyncio.gather(*(r.fetch.remote([refs[i] for i in share]) for r, share in zip(self.ranks, shares)))
+            newly = {share[p] for share, positions in zip(shares, gone) for p in positions}
+            if not newly:
+                break
+            lost += newly
+            keep = [i for i in keep if i not in newly]
         adv = episode_advantages
-        results = await asyncio.gather(*(r.step.remote([refs[i] for i in share], [weights[i] for i in share], version,
+        results = await asyncio.gather(*(r.step.remote([weights[i] for i in share], version,
                                                        None if adv is None else [adv[i] for i in share])
                                          for r, share in zip(self.ranks, shares)))
         firsts = results[::self.sequence_parallel]  # one rank per group: a group's ranks count the same rows
         counts = {k: sum(m.get(k, 0.0) for m in firsts) for k in SUMMED_METRICS if k in results[0]}
-        return {**results[0], **counts}
+        return StepResult({**results[0], **counts}, sorted(lost))
+
+
+@dataclass
+class StepResult:
+    """A learner step's answer: rank 0's metrics (empty when nothing was trained) and the batch
+    positions whose trajectories were lost with their generator (not trained: run them again)."""
+
+    metrics: dict[str, float]
+    lost: list[int] = field(default_factory=list)
 
 
 def rank_shares(sizes: list[int], world_size: int, sequence_parallel: int = 1) -> list[list[int]]:

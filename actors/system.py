@@ -27,7 +27,7 @@ from ray.exceptions import RayActorError
 
 from actors.buffer import TrajectoryBuffer
 from actors.generator import GeneratorActor
-from actors.learner_group import LearnerGroup
+from actors.learner_group import LearnerGroup, StepResult
 from actors.run_logs import actor_creation_output
 from actors.storage import RunStorage
 from actors.topology import Reservation, ResourcePlan
@@ -72,8 +72,9 @@ class System:
         return await self._learner_call(lambda: self.learner.call(method, *args), method)
 
     async def train_step(self, refs: list[Any], sizes: list[int], weights: list[float],
-                         episode_advantages: list[float] | None = None) -> dict[str, float]:
-        """One learner step, the batch dealt over the ranks, judged against the current version."""
+                         episode_advantages: list[float] | None = None) -> StepResult:
+        """One learner step, the batch dealt over the ranks, judged against the current version: its
+        metrics and the positions of trajectories lost before a rank fetched them (LearnerGroup.step)."""
         return await self._learner_call(
             lambda: self.learner.step(refs, sizes, weights, self.version, episode_advantages), "step")
 

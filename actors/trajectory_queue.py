@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from protocol.trajectory import Trajectory
+from protocol.trajectory_meta import TrajectoryMeta
 
 STALE_POLICIES = ("drop", "downweight")
 PUT_RESULTS = ("accepted", "duplicate", "dropped_stale", "dropped_unjudged")  # what a put answers
@@ -38,39 +38,6 @@ PUT_RESULTS = ("accepted", "duplicate", "dropped_stale", "dropped_unjudged")  # 
 
 class BufferClosed(RuntimeError):
     """The buffer was closed (the run is ending); no more trajectories are accepted."""
-
-
-@dataclass
-class TrajectoryMeta:
-    """What the buffer knows of a trajectory: enough to judge and batch it, small enough to send."""
-
-    episode_id: str
-    task_id: str
-    version_min: int  # oldest policy version among its turns
-    version_max: int  # newest
-    num_tokens: int  # all tokens of all segments: what the learner processes
-    num_generated: int  # tokens under the loss mask
-    reward: float
-    milestone: int
-    stop_reason: str = "submit"
-    judged: bool = True  # Trajectory.judged: False when the environment failed to judge it (never trained on)
-
-    @classmethod
-    def of(cls, trajectory: Trajectory, version: int | None = None) -> "TrajectoryMeta":
-        """The trajectory's meta; ``version`` is needed (and used) only when it has no turns."""
-        versions = trajectory.versions or ([] if version is None else [version])
-        if not versions:
-            raise ValueError(f"trajectory {trajectory.episode_id} has no turns, so no policy version: pass version=")
-        return cls(trajectory.episode_id, trajectory.task_id, min(versions), max(versions), trajectory.num_tokens,
-                   trajectory.num_generated, trajectory.reward, trajectory.milestone, trajectory.stop_reason,
-                   trajectory.judged)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrajectoryMeta":
-        return cls(**d)
 
 
 @dataclass

@@ -20,59 +20,32 @@ from learner.batching import flatten, split_minibatches
 from learner.losses import token_mean
 from learner.models import load_policy, resolve_attention, resolve_dtype, row_tokens, score_tokens
 from protocol.trajectory import Trajectory
+from protocol.trajectory_meta import TrajectoryMeta
 
 
-LOOP_PERIODS = 4  # the longest cycle of turns looked for (A, B, A, B is a loop of period 2)
-
-
-def invalid_call_rate(traj: Trajectory) -> float:
-    """Malformed or unknown tool calls over the calls attempted (0 when it made none).
-
-    A call that parsed but was refused counts once in each: it is in ``tools`` and in
-    ``invalid_calls`` (one valid and one refused call once read 0.33, not 0.5)."""
-    invalid = sum(t.invalid_calls for t in traj.turns)
-    total = sum(t.calls or len(t.tools) for t in traj.turns)  # ``calls`` 0: a trajectory recorded before it was kept
-    return min(1.0, invalid / total) if total else (1.0 if invalid else 0.0)
-
-
-def longest_repeat(traj: Trajectory) -> int:
-    """How many times in a row the episode repeated one action or one cycle of actions (up to
-    LOOP_PERIODS turns long): 1 when nothing repeats. An action is the turn's generated text, or
-    its tokens when no text was kept. A, A, A is 3; A, B, A, B, A, B is 3 too (a loop of two
-    turns, which consecutive-turn equality alone never saw)."""
-    actions = [turn.text.strip() if turn.text.strip() else tuple(traj.segments[turn.segment].token_ids[turn.start:turn.end])
-               for turn in traj.turns]
-    longest = 1 if actions else 0
-    for period in range(1, LOOP_PERIODS + 1):
-        run = 0  # consecutive turns equal to the one ``period`` before
-        for k in range(period, len(actions)):
-            run = run + 1 if actions[k] == actions[k - period] else 0
-            longest = max(longest, 1 + run // period)
-    return longest
-
-
-def rejection_reason(traj: Trajectory, cfg: RFTConfig) -> str | None:
-    """Why an episode is not worth imitating, or None to keep it."""
-    if not traj.token_level or traj.num_generated == 0:
+def rejection_reason(episode: TrajectoryMeta, cfg: RFTConfig) -> str | None:
+    """Why an episode is not worth imitating, or None to keep it (from its meta: the driver
+    filters before the learner fetches any tokens)."""
+    if not episode.token_level or episode.num_generated == 0:
         return "no_tokens"
-    if traj.stop_reason == "error":
+    if episode.stop_reason == "error":
         return "error"
-    if traj.reward < cfg.reward_threshold:
+    if episode.reward < cfg.reward_threshold:
         return "low_reward"
-    if invalid_call_rate(traj) > cfg.max_invalid_call_rate:
+    if episode.invalid_call_rate > cfg.max_invalid_call_rate:
         return "invalid_calls"
-    if longest_repeat(traj) > cfg.max_repeated_actions:
+    if episode.longest_repeat > cfg.max_repeated_actions:
         return "repeated_actions"
     return None
 
 
-def filter_trajectories(trajectories: list[Trajectory], cfg: RFTConfig) -> tuple[list[Trajectory], Counter]:
+def filter_episodes(episodes: list[TrajectoryMeta], cfg: RFTConfig) -> tuple[list[TrajectoryMeta], Counter]:
     """The episodes to imitate, and how many were dropped for each reason."""
     kept, dropped = [], Counter()
-    for traj in trajectories:
-        reason = rejection_reason(traj, cfg)
+    for episode in episodes:
+        reason = rejection_reason(episode, cfg)
         if reason is None:
-            kept.append(traj)
+            kept.append(episode)
         else:
             dropped[reason] += 1
     return kept, dropped

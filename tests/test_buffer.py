@@ -12,7 +12,8 @@ import pytest
 
 from actors.buffer import TrajectoryBuffer
 from actors.buffer_client import fetch, push
-from actors.trajectory_queue import BufferClosed, TrajectoryMeta, TrajectoryQueue, buffer_options
+from actors.trajectory_queue import BufferClosed, TrajectoryQueue, buffer_options
+from protocol.trajectory_meta import TrajectoryMeta
 from configs.load import load_config
 from protocol.trajectory import Segment, Trajectory, Turn
 
@@ -301,9 +302,9 @@ def test_trajectories_travel_by_reference_from_a_generator_to_the_learner(genera
     ray.get(buffer.set_version.remote(1))
     batch = ray.get(buffer.get_batch.remote(max_episodes=2), timeout=60)
     assert all(isinstance(r, ray.ObjectRef) for r in batch.refs)
-    fetched = fetch(batch, timeout_s=60)
+    fetched = fetch(batch.refs, timeout_s=60)
     assert fetched.trajectories == [trajectory("e1", versions=(0, 1)), trajectory("e2", versions=(0, 1))]
-    assert fetched.weights == [1.0, 1.0] and fetched.lost == []
+    assert batch.weights == [1.0, 1.0] and fetched.lost == []
     stats = ray.get(buffer.stats.remote())
     assert (stats["put"], stats["duplicates"], stats["served"], stats["staleness"]) == (2, 1, 2, {0: 2})  # by the newest turn
     ray.kill(generator)
@@ -319,15 +320,16 @@ def test_trajectories_lost_with_their_generator_are_reported_forgotten_and_rerun
     ray.kill(doomed)  # its objects die with it: the buffer holds references, not copies
     batch = ray.get(buffer.get_batch.remote(max_episodes=2), timeout=60)
     deadline = time.monotonic() + 30
-    fetched = fetch(batch, timeout_s=60)
+    fetched = fetch(batch.refs, timeout_s=60)
     while fetched.trajectories and time.monotonic() < deadline:  # the store frees them a second or two after the kill
         time.sleep(0.2)
-        fetched = fetch(batch, timeout_s=60)
-    assert fetched.trajectories == [] and [m.episode_id for m in fetched.lost] == ["e1", "e2"]
-    assert ray.get(buffer.forget.remote([m.episode_id for m in fetched.lost])) == 2
+        fetched = fetch(batch.refs, timeout_s=60)
+    lost = [batch.items[p].meta.episode_id for p in fetched.lost]
+    assert fetched.trajectories == [] and lost == ["e1", "e2"]
+    assert ray.get(buffer.forget.remote(lost)) == 2
     rerun = generator_class.remote()
     assert ray.get(rerun.run.remote(buffer, episodes + episodes[:1]), timeout=60) == ["accepted", "accepted", "duplicate"]
-    fetched = fetch(ray.get(buffer.get_batch.remote(max_episodes=2), timeout=60), timeout_s=60)
+    fetched = fetch(ray.get(buffer.get_batch.remote(max_episodes=2), timeout=60).refs, timeout_s=60)
     assert [t.episode_id for t in fetched.trajectories] == ["e1", "e2"] and fetched.lost == []
     stats = ray.get(buffer.stats.remote())
     assert (stats["put"] - stats["lost"], stats["lost"], stats["duplicates"]) == (2, 2, 1)

@@ -111,7 +111,6 @@ def _driver_with_buffer(monkeypatch, queue, learner):
     """actors.batches (the step's data plane) with its buffer reads served from ``queue`` in this
     process, and the System of one learner and no generators a step needs."""
     import actors.batches as driver
-    from actors.buffer_client import Fetched
     from actors.system import System
 
     try:
@@ -122,7 +121,6 @@ def _driver_with_buffer(monkeypatch, queue, learner):
     async def nothing(*args, **kwargs):
         return {}
 
-    monkeypatch.setattr(driver, "fetch", lambda batch: Fetched([i.ref for i in batch.items], batch.weights, []))
     monkeypatch.setattr(driver, "actor_load", nothing)
     return driver, System([], Remote(queue), [], learner)
 
@@ -134,7 +132,9 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
     each episode's advantage against its own group."""
     import asyncio
 
-    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from actors.learner_group import StepResult
+    from actors.trajectory_queue import TrajectoryQueue
+    from protocol.trajectory_meta import TrajectoryMeta
 
     cfg = load_config([], ["stage.group_size=2", "stage.batch_episodes=4", "stage.dynamic_sampling=true",
                            "learner.advantage=grpo", "stage.asynchronous=false"])
@@ -166,7 +166,7 @@ def test_a_step_trains_on_whole_informative_groups_with_their_group_relative_adv
 
         async def step(self, refs, sizes, weights, version=0, episode_advantages=None):
             self.calls.append(([t.task_id for t in refs], episode_advantages))
-            return {"policy_trained": 1.0}
+            return StepResult({"policy_trained": 1.0})
 
     learner = Learner()
     driver, system = _driver_with_buffer(monkeypatch, queue, learner)
@@ -192,7 +192,9 @@ def test_a_synchronous_step_trains_on_what_reached_the_buffer_when_an_episode_is
     to judge (an infra verdict: never trained on) left the driver waiting for ever."""
     import asyncio
 
-    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from actors.learner_group import StepResult
+    from actors.trajectory_queue import TrajectoryQueue
+    from protocol.trajectory_meta import TrajectoryMeta
 
     cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
     queue = TrajectoryQueue(capacity=16)
@@ -215,7 +217,7 @@ def test_a_synchronous_step_trains_on_what_reached_the_buffer_when_an_episode_is
 
         async def step(self, refs, sizes, weights, version=0, episode_advantages=None):
             self.trained.append([t.episode_id for t in refs])
-            return {"policy_trained": 1.0}
+            return StepResult({"policy_trained": 1.0})
 
     learner = Learner()
     driver, system = _driver_with_buffer(monkeypatch, queue, learner)
@@ -229,8 +231,9 @@ def test_a_step_with_nothing_to_train_on_says_why_and_logs_no_throughput(monkeyp
     progress line said "810382 tok/s" (the batch's tokens over the time it took to read it)."""
     import asyncio
 
-    from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+    from actors.trajectory_queue import TrajectoryQueue
     from protocol.step_record import SKIPPED, TOKENS_PER_S
+    from protocol.trajectory_meta import TrajectoryMeta
 
     cfg = load_config([], ["stage.batch_episodes=4", "stage.asynchronous=false"])
     queue = TrajectoryQueue(capacity=8)
@@ -253,3 +256,48 @@ def test_a_step_with_nothing_to_train_on_says_why_and_logs_no_throughput(monkeyp
     metrics, episodes = asyncio.run(run())
     assert metrics[SKIPPED] == "0 of 4 episodes passed RFT's filter (learner.rft), 1 needed (one per learner rank)"
     assert TOKENS_PER_S not in metrics and "learner" not in metrics and len(episodes) == 4
+
+
+def test_a_trajectory_the_learner_found_lost_is_forgotten_rerun_and_not_reported_as_trained(monkeypatch):
+    """The driver never fetches a trajectory (its meta holds every number it decides on); the
+    learner's ranks do, and a trajectory that died with its generator comes back from the step as
+    lost: the buffer forgets it, its task goes back to the feeder, and the step's audit lines and
+    reward leave it out (it is counted when its rerun is trained)."""
+    import asyncio
+
+    from actors.learner_group import StepResult
+    from actors.trajectory_queue import TrajectoryQueue
+    from protocol.trajectory_meta import TrajectoryMeta
+
+    cfg = load_config([], ["stage.batch_episodes=3", "stage.asynchronous=false"])
+    queue = TrajectoryQueue(capacity=8)
+
+    class Learner:
+        world_size = 1
+
+        async def step(self, refs, sizes, weights, version=0, episode_advantages=None):
+            assert [t.episode_id for t in refs] == ["e0", "e1", "e2"]
+            return StepResult({"policy_trained": 1.0}, lost=[1])
+
+    class Feeder:
+        reruns = restarts = 0
+        requeued: list = []
+        sampler = SimpleNamespace(task_dict=lambda task_id: {"id": task_id})
+
+        def requeue(self, jobs):
+            self.requeued += jobs
+
+    driver, system = _driver_with_buffer(monkeypatch, queue, Learner())
+
+    async def run():
+        for k, reward in enumerate((1.0, -1.0, 1.0)):
+            traj = _episode(f"e{k}", reward)
+            await queue.put(TrajectoryMeta.of(traj), traj)
+        return await driver.learner_step("ppo", cfg, system, feeder, None)
+
+    feeder = Feeder()
+    metrics, episodes = asyncio.run(run())
+    assert feeder.requeued == [({"id": _episode("e1", -1.0).task_id}, "e1")]
+    assert [e["episode_id"] for e in episodes] == ["e0", "e2"] and metrics["jobs/lost"] == 1
+    assert metrics["reward/mean"] == 1.0 and metrics["learner"] == {"policy_trained": 1.0}
+    assert queue.stats().lost == 1, "the buffer did not forget it: its rerun would be answered duplicate"

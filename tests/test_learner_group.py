@@ -57,9 +57,10 @@ def _train(ray, cfg: dict, ranks: int, trajectories: list, stage_dir: str) -> tu
         try:
             await group.call("setup", "rft", stage_dir, cfg["model"]["path"], None, 4)
             refs = [ray.put(t) for t in trajectories]
-            metrics = await group.step(refs, [t.num_tokens for t in trajectories], [1.0] * len(trajectories))
+            result = await group.step(refs, [t.num_tokens for t in trajectories], [1.0] * len(trajectories))
+            assert result.lost == []
             buckets = await group.call("export_weights", 64)
-            return metrics["grad_norm_policy"], {name: tensor for ref in buckets for name, tensor in ray.get(ref)}
+            return result.metrics["grad_norm_policy"], {name: tensor for ref in buckets for name, tensor in ray.get(ref)}
         finally:
             group.kill()
 
@@ -96,3 +97,58 @@ def test_two_ranks_take_the_step_one_rank_takes_on_the_whole_batch(tiny_model_di
     diffs = torch.cat([(two[n] - one[n]).abs().flatten() for n in one])
     assert float(diffs.max()) < 2e-3, float(diffs.max())
     assert float((diffs > 1e-5).float().mean()) < 1e-3, float((diffs > 1e-5).float().mean())
+
+
+def test_trajectories_lost_with_their_generator_are_left_out_and_the_rest_dealt_again(tiny_model_dir, tmp_path):
+    """The ranks are the only ones to fetch a batch's trajectories (the driver reads metas), so they
+    find the lost ones: here a whole rank's share, reported by their positions, and the step trains
+    both ranks on the other four, dealt again (a rank with nothing would hang the other's step)."""
+    ray = pytest.importorskip("ray")
+    import asyncio
+    import time
+
+    from omegaconf import OmegaConf
+
+    from actors.learner_group import LearnerGroup
+    from configs.schema import Config
+
+    cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), {
+        "model": {"path": str(tiny_model_dir)},
+        "learner": {"grad_checkpointing": False, "micro_batch_tokens": 96}}), enum_to_str=True)
+    trajectories = _episodes()
+    sizes = [t.num_tokens for t in trajectories]
+    lost = deal(sizes, 2)[0]  # rank 0's whole share
+
+    @ray.remote(num_cpus=0)
+    class Owner:  # a generator's part: its objects live as long as it does
+        def put(self, values):
+            return [ray.put(v) for v in values]  # in a list: the references themselves come back
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        owner = Owner.remote()
+        doomed = dict(zip(lost, ray.get(owner.put.remote([trajectories[i] for i in lost]))))
+        ray.kill(owner)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the store frees them a second or two after the kill
+            try:
+                ray.get(list(doomed.values()), timeout=10)
+                time.sleep(0.2)
+            except ray.exceptions.ObjectLostError:
+                break
+        refs = [doomed[i] if i in doomed else ray.put(t) for i, t in enumerate(trajectories)]
+
+        async def run():
+            group = LearnerGroup(cfg, [{"num_cpus": 1}] * 2)
+            await group.start()
+            try:
+                await group.call("setup", "rft", str(tmp_path / "stage"), cfg["model"]["path"], None, 4)
+                return await group.step(refs, sizes, [1.0] * len(refs))
+            finally:
+                group.kill()
+
+        result = asyncio.run(run())
+    finally:
+        ray.shutdown()
+    assert result.lost == sorted(lost)
+    assert result.metrics["tokens"] == sum(s for i, s in enumerate(sizes) if i not in lost), result.metrics

@@ -14,7 +14,8 @@ from learner.engine import lr_multiplier
 from learner.gae import batch_advantages, explained_variance, gae, token_rewards, whiten
 from learner.losses import entropy_from_logits, kl_k3, kl_penalty, policy_loss, token_mean, value_loss
 from learner.models import row_tokens
-from learner.rft import filter_trajectories, invalid_call_rate, longest_repeat
+from learner.rft import filter_episodes
+from protocol.trajectory_meta import TrajectoryMeta, invalid_call_rate, longest_repeat
 from protocol.trajectory import Segment, Trajectory, Turn
 
 try:
@@ -356,7 +357,7 @@ def test_rft_filter_keeps_successful_clean_episodes_and_says_why_it_dropped_the_
     error = _episode("error", 3.0, ["write"], stop="error")
     assert invalid_call_rate(invalid) == 1.0
     assert longest_repeat(loop) == 3 and longest_repeat(good) == 2
-    kept, dropped = filter_trajectories([good, low, invalid, loop, error], cfg)
+    kept, dropped = filter_episodes([TrajectoryMeta.of(t) for t in (good, low, invalid, loop, error)], cfg)
     assert [t.episode_id for t in kept] == ["good"]
     assert dropped == {"low_reward": 1, "invalid_calls": 1, "repeated_actions": 1, "error": 1}
 
@@ -372,7 +373,7 @@ def test_a_loop_of_two_alternating_actions_is_a_repeat_too():
     alternating = _episode("ab", 3.0, ["write", "compile", "write", "compile", "write", "compile", "submit"])
     varied = _episode("varied", 3.0, ["write", "compile", "profile", "write", "submit"])
     assert longest_repeat(alternating) == 3 and longest_repeat(varied) == 1
-    kept, dropped = filter_trajectories([alternating, varied], cfg)
+    kept, dropped = filter_episodes([TrajectoryMeta.of(t) for t in (alternating, varied)], cfg)
     assert [t.episode_id for t in kept] == ["varied"] and dropped == {"repeated_actions": 1}
 
 

@@ -278,10 +278,14 @@ def rft_trainer(tiny_model_dir, learner_dist):
 
 
 def test_rft_trains_on_filtered_episodes_and_its_loss_falls(rft_trainer):
-    from learner.rft import filter_trajectories
+    from learner.rft import filter_episodes
+    from protocol.trajectory_meta import TrajectoryMeta
 
-    kept, dropped = filter_trajectories(_rft_episodes(), rft_trainer.cfg.rft)
+    episodes = _rft_episodes()
+    kept, dropped = filter_episodes([TrajectoryMeta.of(t) for t in episodes], rft_trainer.cfg.rft)
     assert len(kept) == 6 and dropped == {"low_reward": 6}
+    kept_ids = {m.episode_id for m in kept}
+    kept = [t for t in episodes if t.episode_id in kept_ids]
     losses = [rft_trainer.step(kept)["nll"] for _ in range(10)]
     assert losses[0] == pytest.approx(math.log(2048), abs=0.3), "a random model starts near uniform"
     assert losses[-1] < losses[0] - 2.0 and losses[-1] < min(losses[:3]), losses

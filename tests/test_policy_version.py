@@ -18,7 +18,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from actors.trajectory_queue import TrajectoryMeta, TrajectoryQueue
+from actors.learner_group import StepResult
+from actors.trajectory_queue import TrajectoryQueue
+from protocol.trajectory_meta import TrajectoryMeta
 from actors.system import System
 from configs.schema import Config, LearnerConfig, LRSchedule
 from launch.train import RecipeState, after_step, setup_learner
@@ -105,7 +107,7 @@ class FakeLearnerGroup:
         raise AssertionError(f"unexpected learner call {method}")
 
     async def step(self, refs, sizes, weights, version=0, episode_advantages=None):
-        return self.trainer.step(refs, weights, version=version, episode_advantages=episode_advantages)
+        return StepResult(self.trainer.step(refs, weights, version=version, episode_advantages=episode_advantages))
 
 
 def test_a_new_stage_sees_the_served_version_and_critic_warmup_bumps_nothing(tiny_model_dir, learner_dist, tmp_path):
@@ -119,7 +121,7 @@ def test_a_new_stage_sees_the_served_version_and_critic_warmup_bumps_nothing(tin
     state = RecipeState(policy="base")
 
     async def train(episodes, step, steps):
-        metrics = {"learner": await system.train_step(episodes, [e.num_tokens for e in episodes], [1.0] * len(episodes))}
+        metrics = {"learner": (await system.train_step(episodes, [e.num_tokens for e in episodes], [1.0] * len(episodes))).metrics}
         await after_step(cfg, system, step, steps, metrics)
         return metrics["learner"]
 
