@@ -75,8 +75,10 @@ def env_speedups(work: Path, task, files: dict, repeats: int) -> list[dict]:
     out = []
     for _ in range(repeats):
         result = asyncio.run(evaluate(ctx, task, files, "full"))
+        times = " ".join(f"{name} {t.median_ms:.4f} ms" for name, t in
+                         (("candidate", result.candidate), ("eager", result.eager), ("compiled", result.compiled)) if t)
         print(f"  {task.id}: {result.failure} {result.message[:200]!r} speedup {result.speedup_vs_eager} "
-              f"({result.wall_s:.1f} s)", flush=True)
+              f"({times}; {result.wall_s:.1f} s)", flush=True)  # which side moved, when the speedup disagrees with do_bench
         out.append({"failure": result.failure, "speedup": result.speedup_vs_eager, "wall_s": round(result.wall_s, 2),
                     "candidate_ms": result.candidate.median_ms if result.candidate else None,
                     "eager_ms": result.eager.median_ms if result.eager else None,

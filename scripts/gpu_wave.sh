@@ -20,8 +20,11 @@ export PYTHONPATH="$PWD${MODEL_SITE:+:$MODEL_SITE}${PYTHONPATH:+:$PYTHONPATH}"
 WAVE=/tmp/wave
 KB="${KB:-$PWD/.kb/kernelbench}"
 OUT="${OUT:-$PWD/gpu-figures}"
-# vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md)
-LEARN=(gpu-1xh100 learn-check model.dtype=bfloat16 rollout.enforce_eager=true cluster.num_gpus=1 cluster.num_cpus=12 logging.progress=false)
+# vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md).
+# float32, learn-check's own. In bf16 (the H100 run of 2026-11-27, reward -0.33 -> -0.08 in 12 steps)
+# an Adam step of lr 1.5e-5 moves a weight by ~1.5e-5, where bf16's spacing near a weight of 0.05 is
+# ~4e-4: twelve steps leave most bf16 weights (the learner's forward, the generator's copy) unchanged.
+LEARN=(gpu-1xh100 learn-check rollout.enforce_eager=true cluster.num_gpus=1 cluster.num_cpus=12 logging.progress=false)
 export VLLM_USE_FLASHINFER_SAMPLER=0
 
 step() {  # NAME SECONDS COMMAND...: one step, its log and its exit status in $WAVE
