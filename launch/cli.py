@@ -328,6 +328,7 @@ def cmd_episode(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from configs.schema import EnvKind
     from launch.report import print_training_summary
     from launch.train import train
 
@@ -353,7 +354,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     console.print(f"done in {(time.time() - started) / 60:.1f} min: metrics, plots and checkpoints in {out}")
     if not args.no_summary:
         print_training_summary(out, console)
+        if cfg.env.kind == EnvKind.verifier:
+            _print_preference_change(cfg, out)
     return 0
+
+
+def _print_preference_change(cfg, out: Path) -> None:
+    """The learning check's noise-free verdict: the model trained from against the policy exported
+    (launch/primed_model.answer_preference; README: the learning check)."""
+    from launch.embedded_model import resolve_model_path
+    from launch.primed_model import answer_preference, preference_change
+
+    policy = out / cfg.stage.name / "export" / "policy"
+    if not policy.is_dir():
+        return
+    with console.status("scoring the asked word under the starting model and the trained policy"):
+        before = answer_preference(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
+        after = answer_preference(policy)
+    console.print(preference_change(before, after, bool(cfg.env.verifier.inverted)))
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -111,6 +111,13 @@ def expected_reward(preference: dict[str, float], inverted: bool = False) -> flo
     return sum(sign * math.tanh(p / 2) for p in preference.values()) / len(preference)
 
 
+def preference_change(before: dict[str, float], after: dict[str, float], inverted: bool = False) -> str:
+    """One line: each question's preference before and after, and the expected reward they imply."""
+    prefs = ", ".join(f"{task} {before[task]:+.2f} -> {after[task]:+.2f}" for task in before)
+    return (f"asked-word preference (nats): {prefs}; expected reward "
+            f"{expected_reward(before, inverted):+.2f} -> {expected_reward(after, inverted):+.2f}")
+
+
 def prime(base: Path, out: Path) -> list[float]:
     """Supervised steps on (question, a call with a random word of its pair); saves to ``out``."""
     import torch

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from env_pool.answer_check import check_answer
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import Generation
@@ -75,3 +77,17 @@ def test_an_answer_written_through_the_hermes_tool_call_is_judged_on_its_file(tm
 def test_a_turn_without_a_call_leaves_no_answer_and_fails(tmp_path):
     traj, env, _ = run(tmp_path, "yes")
     assert traj.reward == -1.0 and traj.final_eval["failure"] == "missing_files"
+
+
+def test_the_expected_reward_follows_the_asked_word_preference_and_flips_for_the_control():
+    import math
+
+    from launch.primed_model import expected_reward, preference_change
+
+    # P(asked) = sigmoid(p): an even preference earns 0, a preference of log 3 (3 to 1) earns 0.5.
+    assert expected_reward({"answer/yes": 0.0, "answer/no": 0.0}) == 0.0
+    assert expected_reward({"answer/yes": math.log(3), "answer/no": math.log(3)}) == pytest.approx(0.5)
+    assert expected_reward({"answer/yes": math.log(3), "answer/no": -math.log(3)}) == pytest.approx(0.0)
+    assert expected_reward({"answer/yes": math.log(3)}, inverted=True) == pytest.approx(-0.5)
+    line = preference_change({"answer/yes": 1.0}, {"answer/yes": 3.0})
+    assert line == "asked-word preference (nats): answer/yes +1.00 -> +3.00; expected reward +0.46 -> +0.91"

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from configs.load import load_config
-from launch.primed_model import answer_preference, expected_reward
+from launch.primed_model import answer_preference, expected_reward, preference_change
 
 # 11-14 minutes a run on the busy 2-core machine (the asynchronous run slower: at 6 of 12 steps after
 # 900 s, pytest's default limit, under a load average of 7 to 12): well past that default.
@@ -77,10 +77,8 @@ def run_check(tmp_path: Path, *overrides: str) -> Check:
 
 
 def shown(check: Check, inverted: bool = False) -> str:
-    prefs = " ".join(f"{task} {check.before[task]:+.2f} -> {check.after[task]:+.2f}" for task in check.before)
-    return (f"reward {curve(check.steps)} (first 3 -> last 3: {rise(check.steps):+.2f}); asked-word preference (nats) "
-            f"{prefs}; expected reward {expected_reward(check.before, inverted):+.2f} -> "
-            f"{expected_reward(check.after, inverted):+.2f}")
+    return (f"reward {curve(check.steps)} (first 3 -> last 3: {rise(check.steps):+.2f}); "
+            f"{preference_change(check.before, check.after, inverted)}")
 
 
 def gain(check: Check, inverted: bool = False) -> float:
