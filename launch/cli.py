@@ -340,7 +340,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             raise ConfigError(f"no training run in {out} (no metrics.jsonl): give the config (and logging.out_dir) "
                               "the run was started with")
-        print_training_summary(out, console)
+        print_training_summary(out, console, str(cfg.env.kind))
         return 0
     started = time.time()
     try:
@@ -353,7 +353,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise
     console.print(f"done in {(time.time() - started) / 60:.1f} min: metrics, plots and checkpoints in {out}")
     if not args.no_summary:
-        print_training_summary(out, console)
+        print_training_summary(out, console, str(cfg.env.kind))
         if cfg.env.kind == EnvKind.verifier:
             _print_preference_change(cfg, out)
     return 0

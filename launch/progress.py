@@ -14,7 +14,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 from launch.metrics import flatten
-from protocol.step_record import BUFFER_DEPTH, ENV_QUEUE, MILESTONE_RATES, REWARD, SKIPPED, STALENESS, TOKENS_PER_S
+from protocol.step_record import BUFFER_DEPTH, ENV_QUEUE, REWARD, SKIPPED, STALENESS, TOKENS_PER_S, milestone_rates
 
 Detail = Callable[[], Awaitable[str]]
 
@@ -34,8 +34,7 @@ class ProgressDisplay:
 
         self.total_steps = total_steps
         self.stage = stage
-        # The learning check's verifier pays only "correct" (the asked word): no speed columns
-        self.milestones = MILESTONE_RATES if env_kind == "kernel" else {"correct": MILESTONE_RATES["correct"]}
+        self.milestones = milestone_rates(env_kind)
         self.console = console or Console(stderr=True)
         # Not a terminal (CI, a log file, a Ray job): live redraws would fill the log with frames.
         self.live_mode = enabled and self.console.is_terminal

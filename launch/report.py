@@ -13,7 +13,7 @@ from rich.table import Table
 from launch.metrics import read_metrics
 from launch.plots import PLOTS
 from protocol.results import EvalResult, Milestone
-from protocol.step_record import MILESTONE_RATES, REWARD, SKIPPED
+from protocol.step_record import REWARD, SKIPPED, milestone_rates
 from protocol.trajectory import Trajectory
 
 MILESTONE_STYLE = {
@@ -76,21 +76,26 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} more characters]"
 
 
-def print_training_summary(out_dir: str | Path, console: Console) -> None:
+SHORT = {"correct": "correct", "faster than eager": ">eager", "faster than torch.compile": ">compile"}  # milestone headers
+
+
+def print_training_summary(out_dir: str | Path, console: Console, env_kind: str = "kernel") -> None:
     """What a finished ``cuda-agent train`` did, stage by stage, and where its results are."""
     out = Path(out_dir)
     recipe_path = out / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
     records = read_metrics(out)
+    milestones = milestone_rates(env_kind)
+    headers = [SHORT[label] for label in milestones]
     # Narrow enough for an 80-column log; the caption spells out the short headers.
     table = Table(title=f"training summary: {out}", box=box.SIMPLE, show_edge=False, collapse_padding=True,
-                  caption="reward: mean; correct, >eager, >compile: share of episodes reaching each milestone; "
+                  caption=f"reward: mean; {', '.join(headers)}: share of episodes reaching each milestone; "
                           "tokens: trained by the learner; min: the stage's wall time")
-    for col in ("stage", "steps", "eps", "reward", "correct", ">eager", ">compile", "tokens", "min"):
+    for col in ("stage", "steps", "eps", "reward", *headers, "tokens", "min"):
         table.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True, min_width=len(col))
     for stage in dict.fromkeys(r["stage"] for r in records if r.get("stage")):
         rows = [r for r in records if r.get("stage") == stage]
-        table.add_row(*_summary_row(stage, rows, recipe.get("stage_s", {}).get(stage)))
+        table.add_row(*_summary_row(stage, rows, recipe.get("stage_s", {}).get(stage), milestones))
     console.print(table)
     for stage in dict.fromkeys(r["stage"] for r in records if r.get("stage")):
         # The curve itself, not only its mean: whether the reward rose is what a learning run shows.
@@ -108,14 +113,14 @@ def print_training_summary(out_dir: str | Path, console: Console) -> None:
     console.print(f"metrics: {out / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {out / 'tb'})")
 
 
-def _summary_row(stage: str, rows: list[dict], wall_s: float | None) -> list[str]:
+def _summary_row(stage: str, rows: list[dict], wall_s: float | None, milestones: dict[str, str]) -> list[str]:
     """One stage's cells: reward and milestone rates weighted by each step's episodes."""
     episodes = sum(r.get("episodes") or 0 for r in rows)
 
     def mean(key: str) -> float | None:
         return sum((r.get(key) or 0.0) * (r.get("episodes") or 0) for r in rows) / episodes if episodes else None
 
-    rates = [mean(key) for key in MILESTONE_RATES.values()]
+    rates = [mean(key) for key in milestones.values()]
     tokens = [r["learner/tokens"] for r in rows if r.get("learner/tokens") is not None]
     return [stage, str(len(rows)), str(episodes), _number(mean(REWARD), "+.2f"),
             *(_number(None if rate is None else 100 * rate, ".0f", "%") for rate in rates),

@@ -16,6 +16,14 @@ MILESTONE_RATES = {  # fraction of the step's episodes that reached at least thi
     "faster than eager": "milestone/faster_than_eager",
     "faster than torch.compile": "milestone/faster_than_compile",
 }
+
+
+def milestone_rates(env_kind: str = "kernel") -> dict[str, str]:
+    """The milestones an environment kind pays: all three for kernels; only "correct" (the asked
+    word) for the learning check's verifier, whose speed columns would read 0% for ever."""
+    return dict(MILESTONE_RATES) if env_kind == "kernel" else {"correct": MILESTONE_RATES["correct"]}
+
+
 TOKENS_PER_S = "throughput/tokens_per_s"
 ENV_QUEUE = "env/queue_depth"
 BUFFER_DEPTH = "buffer/depth"

@@ -260,3 +260,9 @@ def test_the_training_summary_gives_each_stage_its_episode_weighted_rates_tokens
     assert "agentic_ppo reward by step" not in text, "one step is no curve"
     for expected in (f"plot: {tmp_path / PLOTS['reward']}", f"plot: {tmp_path / PLOTS['milestones']}", "policy: /p/policy"):
         assert expected in text
+    console = Console(file=io.StringIO(), width=200)
+    print_training_summary(tmp_path, console, env_kind="verifier")  # the learning check pays only "correct"
+    text = console.file.getvalue()
+    assert ">eager" not in text and ">compile" not in text
+    assert next(line for line in text.splitlines() if line.strip().startswith("rft ")).split() == [
+        "rft", "2", "8", "-0.50", "25%", "150", "1.5"]
