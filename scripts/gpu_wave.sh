@@ -7,7 +7,8 @@
 #   bash scripts/gpu_wave.sh wait SECONDS                                    # until it ends or SECONDS pass
 # Each wait packs what is done into $OUT/wave.tgz and prints every finished step's table.
 # Steps, in the order they run (by the issues' order, the timing-sensitive ones alone on the GPU):
-#   size      the starter tasks' cuda presets sized to ~3 ms eager, then `tasks check --backend cuda` (issue 34)
+#   size      the starter tasks' cuda presets sized to ~3 ms eager, then `tasks check --backend cuda`
+#             (issue 34; done on 2026-11-27, so not in the default queue: name it to redo it)
 #   corpus    every cuda corpus case, in the sized tasks (scripts/bench_integrity.py; issue 31)
 #   learn     the learning check on the GPU, synchronous (issue 33)
 #   fidelity  five evaluations of each legit cuda kernel against do_bench and KernelBench's loop (issue 34)
@@ -74,7 +75,7 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  [ $# -gt 0 ] || set -- size corpus learn fidelity synth sets async
+  [ $# -gt 0 ] || set -- corpus learn fidelity synth sets async  # size: the starter tasks are sized (2026-11-27)
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
