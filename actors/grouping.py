@@ -20,12 +20,12 @@ from learner.groups import informative_groups
 @dataclass
 class _Waiting:
     first_draw: int
-    members: list[tuple[Any, Any]] = field(default_factory=list)  # (buffer item, trajectory)
+    members: list[tuple[Any, Any]] = field(default_factory=list)  # (buffer item, its TrajectoryMeta)
 
 
 @dataclass
 class Assembled:
-    ready: list[tuple[Any, Any]]  # (buffer item, trajectory) of complete groups, group by group
+    ready: list[tuple[Any, Any]]  # (buffer item, its TrajectoryMeta) of complete groups, group by group
     groups: list[str]  # the group key of each ready pair
     dropped_uniform: int = 0  # episodes in groups whose rewards all agreed (dynamic sampling)
     released_incomplete: int = 0  # groups released with fewer than group_size members
@@ -44,7 +44,7 @@ class GroupAssembler:
         return sum(len(w.members) for w in self.waiting.values())
 
     def add(self, pairs: list[tuple[Any, Any]]) -> Assembled:
-        """Take one draw of (buffer item, trajectory) pairs; return the groups it completed."""
+        """Take one draw of (buffer item, its TrajectoryMeta) pairs; return the groups it completed."""
         self.draws += 1
         for item, traj in pairs:
             key = self.group_of(traj.episode_id)

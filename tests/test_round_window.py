@@ -15,8 +15,9 @@ from env_pool.isolation.cgroups import RunCgroups
 from env_pool.pool import EnvPool
 from env_pool.shared.arena import LARGE_ALIGN, Pieces
 from tasks.loader import load_tasks
+from tests.corpus_cases import files_of
 
-DATA = Path(__file__).parent / "data"
+CANARY = Path(__file__).parent / "env_corpus" / "legit" / "relu_input_watcher_thread"  # the window canary
 
 
 def test_arena_pieces_are_aligned_reused_and_merged_back():
@@ -72,7 +73,7 @@ def test_the_candidate_never_runs_while_its_inputs_are_written(tmp_path):
     """A native watcher polls both ends of the input slot; seeing one written and not the other
     means it ran during the harness's input write, and its ReLU then answers wrong. Frozen, it cannot."""
     task = {t.id: t for t in load_tasks()[0]}["level1/17_relu"]
-    files = {p.name: p.read_text() for p in (DATA / "window_canary").iterdir() if p.is_file()}
+    files = files_of(CANARY)
     pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 9, "warmup": 3, "run_timeout_s": 60.0, "pch_dir": ""})
     result = asyncio.run(pool.evaluate(task, files, "full"))
     assert result.failure is None, f"{result.failure}: {result.message}\n{result.run_log[-1500:]}"

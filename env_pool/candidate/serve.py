@@ -86,8 +86,8 @@ def serve(payload: dict, report: dict) -> None:
     layout = Layout.from_dict(payload["layout"])
     memory = SlotMemory.attach(int(payload["slots_fd"]), layout.size, device)
     # Mapped until the process exits: unmapped when serve() returned, a candidate thread still
-    # reading its inputs there (tests/data/window_canary's watcher) faulted in the moments before
-    # the exit, and a run whose every round passed ended as a SIGSEGV crash.
+    # reading its inputs there (corpus legit/relu_input_watcher_thread) faulted in the moments
+    # before the exit, and a run whose every round passed ended as a SIGSEGV crash.
     _MAPPED.extend((ctrl, memory))
     args = [memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.args]
     arena = Arena(memory.address(layout.arena_offset), layout.arena_size) if device == "cuda" else None
