@@ -55,10 +55,16 @@ def _special(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def _sparse_sign(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A few scattered sign changes (one value in a thousand): a kernel that probes some values to
-    decide which set it is given (corpus rt3_relu_sign_probe) meets a set it misjudges."""
-    flip = torch.rand(x.shape, generator=gen, device=x.device) < SPARSE_SHARE
-    return torch.where(flip, torch.where(x >= 0, -x - 1, 1 - x), x)
+    """SPARSE_FLIPS values with their sign changed at random positions: a kernel that samples m of
+    n values to decide which set it is given (corpus rt3_relu_sign_probe) finds one with chance
+    about m * SPARSE_FLIPS / n, so only a kernel that reads every value is right on this set. (A
+    share of the values instead, one in a thousand, let its 64 probes find one 6% of the time.)"""
+    flat = x.reshape(-1).clone()
+    if flat.numel():
+        at = torch.randint(flat.numel(), (SPARSE_FLIPS,), generator=gen, device=x.device)
+        picked = flat[at]
+        flat[at] = torch.where(picked >= 0, -picked - 1, 1 - picked)
+    return flat.reshape(x.shape)
 
 
 # Tried in this order, each only while the sets so far do not discriminate.
@@ -68,7 +74,7 @@ TRANSFORMS: dict[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] =
 # Applied by transform_inputs too, but never chosen by plan(): the harness adds it beside the sets
 # a task needs, so a set that looks like the task's own can still hold a few values of the other sign.
 SPARSE_SIGN = "sparse_sign"
-SPARSE_SHARE = 1e-3
+SPARSE_FLIPS = 8  # values a tensor (fewer where positions repeat); any one outside tolerance fails the set
 
 
 def transform_inputs(name: str, inputs: list[Any], seed: int) -> list[Any]:
