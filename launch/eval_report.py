@@ -176,7 +176,8 @@ COUNTING = [
     "one whose re-timing failed counts as not faster.",
     "Speedups are of this environment's own baselines, timed by the same trusted harness and protocol as the candidate.",
     "A per-problem speedup's [low-high] is its bootstrap interval over the timed rounds (the ratio of medians) at "
-    "env.reward.confidence; a speed milestone needs its low end to clear the margin, so a ratio above 1x whose "
+    "env.reward.confidence, widened by how far the machine's speed moved within either timing's rounds (the medians "
+    "of their first, middle and last thirds); a speed milestone needs its low end to clear the margin, so a ratio above 1x whose "
     "interval reaches below it is not counted faster by the environment.",
     f"A speedup marked 'noisy' comes from timings whose interquartile range is {NOISY:.0%} of their median or more "
     "(the per-problem 'noise' column: the largest of the candidate's and the baselines' IQR over median, usually a "
