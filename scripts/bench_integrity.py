@@ -3,7 +3,8 @@
     python scripts/bench_integrity.py --out DIR [--repeats 5] [--skip-corpus] [--skip-fidelity]
 
 Needs only torch (and triton for do_bench) beside the sources: the environment runs in this
-process as an EnvWorker would run it (no Ray). Writes DIR/integrity.json and prints a table.
+process as an EnvWorker would run it (no Ray). Writes DIR/integrity.json and each worker's harness
+log (DIR/harness-*.log: per phase, the rounds and the harness's share of them), and prints a table.
 
 1. Corpus: every case of tests/env_corpus whose backend is cuda, evaluated in its mode; its
    verdict against case.json (the gpu-marked corpus tests check the same through pytest).
@@ -149,6 +150,13 @@ def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str]) -> list
     return rows
 
 
+def keep_harness_logs(work: Path, out: Path) -> None:
+    """Each worker's harness log beside the report: per phase, the rounds' median, the harness's own
+    share of it and DONE to frozen, which say which side of a speedup moved (issue 34's 9% on gelu)."""
+    for log in work.rglob("harness.log"):
+        (out / f"harness-{log.parent.relative_to(work).as_posix().replace('/', '-')}.log").write_bytes(log.read_bytes())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -168,6 +176,7 @@ def main() -> None:
     if not args.skip_fidelity:
         report["fidelity"] = run_fidelity(work, tasks, args.repeats, args.kernels)
     (args.out / "integrity.json").write_text(json.dumps(report, indent=1, default=str))
+    keep_harness_logs(work, args.out)
     print("\ncase | verdict ok")
     for row in report["corpus"]:
         print(f"{row['case']} | {'ok' if row['ok'] else 'BAD'} ({row['failure']}, m={row['milestone']}{', hard' if row['hard'] else ''})")
