@@ -43,8 +43,13 @@ def speedup_interval(baseline: Timing | None, candidate: Timing | None, confiden
              / c[torch.randint(len(c), (RESAMPLES, len(c)), generator=gen)].median(dim=1).values.clamp_min(1e-9))
     tail = (1.0 - confidence) / 2
     low, high = torch.quantile(ratio, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
-    widen = 1.0 + max(drift(baseline), drift(candidate))
+    widen = 1.0 + pair_drift(baseline, candidate)
     return low / widen, high * widen
+
+
+def pair_drift(baseline: Timing, candidate: Timing) -> float:
+    """The larger drift of the two timings a speedup compares: what its interval is widened by."""
+    return max(drift(baseline), drift(candidate))
 
 
 def drift(timing: Timing) -> float:
@@ -90,7 +95,7 @@ def apply_reward(result: EvalResult, cfg: RewardConfig) -> EvalResult:
         setattr(result, key, [round(x, 4) for x in interval] if interval else [])
         point = baseline.median_ms / result.candidate.median_ms if baseline and result.candidate else None
         if interval and point and point > 1.0 + margin and interval[0] <= 1.0 + margin and result.failure is None:
-            moved = max(drift(baseline), drift(result.candidate))
+            moved = pair_drift(baseline, result.candidate)
             widened = f" (widened by the {moved:.0%} the machine's speed moved within the rounds)" if moved >= 0.01 else ""
             note = (f"{point:.2f}x {name} is not a sure win: its {cfg.confidence:.0%} interval{widened} is "
                     f"{interval[0]:.2f}-{interval[1]:.2f}x, which must clear {1 + margin:.2f}x for the milestone")

@@ -74,6 +74,11 @@ def prompt_ids(tokenizer, question: str) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)  # some transformers versions return a dict
 
 
+def call_ids(tokenizer, word: str) -> list[int]:
+    """The tokens of the call that writes ``word``, ended as the policy ends its answer (end-of-text)."""
+    return tokenizer.encode(call_text(word) + tokenizer.eos_token)
+
+
 def answer_preference(model_dir: str | os.PathLike) -> dict[str, float]:
     """Per learning-check task, how much more likely the model's answer is the asked word than its
     opposite: log P(call(asked) | question) - log P(call(other) | question), in nats, the whole call
@@ -90,7 +95,7 @@ def answer_preference(model_dir: str | os.PathLike) -> dict[str, float]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
 
     def logp(prompt: list[int], word: str) -> float:
-        answer = tokenizer.encode(call_text(word) + tokenizer.eos_token)
+        answer = call_ids(tokenizer, word)
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1:-1].float()
@@ -133,7 +138,7 @@ def prime(base: Path, out: Path) -> list[float]:
     optimiser = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
-        rows = [(rng.choice(prompts), tokenizer.encode(call_text(rng.choice(words)) + tokenizer.eos_token))
+        rows = [(rng.choice(prompts), call_ids(tokenizer, rng.choice(words)))
                 for _ in range(BATCH)]
         width = max(len(p) + len(c) for p, c in rows)
         ids = torch.full((BATCH, width), pad_id(tokenizer))

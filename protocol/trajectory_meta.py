@@ -9,7 +9,7 @@ when the trajectory is made: its versions, its turns, and RFT's two measures of 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from protocol.trajectory import Trajectory
@@ -49,15 +49,13 @@ class TrajectoryMeta:
 
     episode_id: str
     task_id: str
-    version_min: int  # oldest policy version among its turns
-    version_max: int  # newest
+    versions: list[int]  # every turn's policy version, sorted, each once (never empty: see ``of``)
     num_tokens: int  # all tokens of all segments: what the learner processes
     num_generated: int  # tokens under the loss mask
     reward: float
     milestone: int
     stop_reason: str = "submit"
     judged: bool = True  # Trajectory.judged: False when the environment failed to judge it (never trained on)
-    versions: list[int] = field(default_factory=list)  # every turn's policy version, sorted, each once (the audit lines)
     turns: int = 0  # agent turns
     token_level: bool = True  # Trajectory.token_level: False for a chat-only policy's (nothing to train on)
     invalid_call_rate: float = 0.0  # RFT's filter (learner/rft.py): invalid_call_rate above
@@ -69,10 +67,20 @@ class TrajectoryMeta:
         versions = trajectory.versions or ([] if version is None else [version])
         if not versions:
             raise ValueError(f"trajectory {trajectory.episode_id} has no turns, so no policy version: pass version=")
-        return cls(trajectory.episode_id, trajectory.task_id, min(versions), max(versions), trajectory.num_tokens,
+        return cls(trajectory.episode_id, trajectory.task_id, sorted(set(versions)), trajectory.num_tokens,
                    trajectory.num_generated, trajectory.reward, trajectory.milestone, trajectory.stop_reason,
-                   trajectory.judged, sorted(set(versions)), len(trajectory.turns), trajectory.token_level,
+                   trajectory.judged, len(trajectory.turns), trajectory.token_level,
                    invalid_call_rate(trajectory), longest_repeat(trajectory))
+
+    @property
+    def version_min(self) -> int:
+        """The oldest policy version among its turns."""
+        return self.versions[0]
+
+    @property
+    def version_max(self) -> int:
+        """The newest."""
+        return self.versions[-1]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
