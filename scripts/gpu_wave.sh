@@ -15,11 +15,14 @@
 #   synth     20 synthesised tasks on the cuda window (issue 36)
 #   sets      `tasks check --sets-only` on KernelBench levels 1 and 2 (issue 31)
 #   async     the learning check, asynchronous (issue 33)
+#   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
+#             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${MODEL_SITE:+:$MODEL_SITE}${PYTHONPATH:+:$PYTHONPATH}"
 WAVE=/tmp/wave
 KB="${KB:-$PWD/.kb/kernelbench}"
+PAPER="${PAPER:-$PWD/.paper}"
 OUT="${OUT:-$PWD/gpu-figures}"
 # vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md).
 # float32, learn-check's own. In bf16 (the H100 run of 2026-11-27, reward -0.33 -> -0.08 in 12 steps)
@@ -58,6 +61,7 @@ queue() {
       synth) step synth 420 python3 -m launch.cli synth synth.backend=cuda synth.tasks=20 synth.workers=4 \
                synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
       sets) step sets 900 run_sets ;;
+      paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       async) step async 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true logging.out_dir="$WAVE/learn-async" ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
@@ -75,11 +79,12 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  [ $# -gt 0 ] || set -- corpus learn fidelity synth sets async  # size: the starter tasks are sized (2026-11-27)
+  [ $# -gt 0 ] || set -- paper corpus learn async fidelity sets synth  # size: the starter tasks are sized (2026-11-27)
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
-  export -f step queue run_size run_sets; export WAVE KB
+  [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
+  export -f step queue run_size run_sets; export WAVE KB PAPER
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;
