@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -131,8 +132,9 @@ def _kernelbench_ms(model, inputs, trials: int = 100) -> float:
     return statistics.mean(samples)
 
 
-def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str]) -> list[dict]:
-    rows = []
+def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str], rows: list[dict],
+                 save: Callable[[], None]) -> None:
+    """Appends each kernel's row to ``rows`` and saves as it goes: a lease's call cut short keeps what ran."""
     for folder, case in load_cases("legit"):
         if case["backend"] != "cuda" or (only and folder.name not in only):
             continue
@@ -146,13 +148,14 @@ def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str]) -> list
             row.update(median=mid, spread=(max(speeds) - min(speeds)) / mid,
                        vs_do_bench=mid / ind["do_bench"] - 1, vs_kernelbench=mid / ind["kernelbench"] - 1)
         rows.append(row)
+        save()
         print(json.dumps({k: v for k, v in row.items() if k != "env"}, default=str), flush=True)
-    return rows
 
 
 def keep_harness_logs(work: Path, out: Path) -> None:
     """Each worker's harness log beside the report: per phase, the rounds' median, the harness's own
-    share of it and DONE to frozen, which say which side of a speedup moved (issue 34's 9% on gelu)."""
+    share of it, GO to DONE with the thaw in it, and DONE to frozen, which say which side of a
+    speedup moved (issue 34's 9% on gelu)."""
     for log in work.rglob("harness.log"):
         (out / f"harness-{log.parent.relative_to(work).as_posix().replace('/', '-')}.log").write_bytes(log.read_bytes())
 
@@ -170,13 +173,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-integrity-", dir="/var/tmp"))
     tasks = {t.id: t for t in load_tasks()[0]}
     report = {"device": torch.cuda.get_device_name(), "corpus": [], "fidelity": []}
+
+    def save() -> None:
+        (args.out / "integrity.json").write_text(json.dumps(report, indent=1, default=str))
+        keep_harness_logs(work, args.out)
+
     if not args.skip_corpus:
         report["corpus"] = run_corpus(work, tasks, args.cases)
-        (args.out / "integrity.json").write_text(json.dumps(report, indent=1, default=str))
+        save()
     if not args.skip_fidelity:
-        report["fidelity"] = run_fidelity(work, tasks, args.repeats, args.kernels)
-    (args.out / "integrity.json").write_text(json.dumps(report, indent=1, default=str))
-    keep_harness_logs(work, args.out)
+        run_fidelity(work, tasks, args.repeats, args.kernels, report["fidelity"], save)
+    save()
     print("\ncase | verdict ok")
     for row in report["corpus"]:
         print(f"{row['case']} | {'ok' if row['ok'] else 'BAD'} ({row['failure']}, m={row['milestone']}{', hard' if row['hard'] else ''})")

@@ -15,6 +15,8 @@
 #   synth     20 synthesised tasks on the cuda window (issue 36)
 #   sets      `tasks check --sets-only` on KernelBench levels 1 and 2 (issue 31)
 #   async     the learning check, asynchronous (issue 33)
+#   seeds     both learning checks again at seeds 1 and 2 (the H100's asynchronous run of 2026-11-27
+#             at seed 0 settled on one word: is that its seed or its mode?)
 #   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 set -uo pipefail
@@ -36,7 +38,8 @@ step() {  # NAME SECONDS COMMAND...: one step, its log and its exit status in $W
   local started; started=$(date +%s)
   echo "$(date +%T) $name start" >> "$WAVE/status"
   if declare -F "$1" > /dev/null; then "$@"; else timeout "$limit" "$@"; fi > "$WAVE/$name.log" 2>&1  # timeout runs no function
-  echo "$(date +%T) $name rc=$? $(( $(date +%s) - started )) s" >> "$WAVE/status"
+  local rc=$?  # before the echo: its $(date) would reset $? (every step read rc=0, 124 included)
+  echo "$(date +%T) $name rc=$rc $(( $(date +%s) - started )) s" >> "$WAVE/status"
 }
 
 run_size() {
@@ -57,11 +60,17 @@ queue() {
       size) step size 420 run_size ;;
       corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
       learn) step learn 600 python3 -m launch.cli train "${LEARN[@]}" logging.out_dir="$WAVE/learn-sync" ;;
-      fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 ;;
+      fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 \
+                  --kernels gelu_cuda linear_relu_cublas_paper_cuda relu_cuda softmax_warp_cuda ;;  # all eleven: ~20 min
       synth) step synth 420 python3 -m launch.cli synth synth.backend=cuda synth.tasks=20 synth.workers=4 \
                synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
+      seeds) for seed in 1 2; do
+               step "learn-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed logging.out_dir="$WAVE/learn-sync-$seed"
+               step "async-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed stage.asynchronous=true \
+                 logging.out_dir="$WAVE/learn-async-$seed"
+             done ;;
       async) step async 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true logging.out_dir="$WAVE/learn-async" ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
@@ -79,7 +88,8 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  [ $# -gt 0 ] || set -- paper corpus learn async fidelity sets synth  # size: the starter tasks are sized (2026-11-27)
+  # done in the lease of 2026-11-27 11:00 (name them to redo them): size, paper, corpus, learn, async
+  [ $# -gt 0 ] || set -- seeds fidelity synth sets
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb

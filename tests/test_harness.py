@@ -335,7 +335,7 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
     server's own write of READY.
     """
     from env_pool.candidate import serve
-    from env_pool.shared.rounds import DONE, STOP
+    from env_pool.shared.rounds import DONE, STAMPS, STOP
     from tasks.loader import load_tasks
 
     nonce = (1 << 61) | 12345
@@ -355,11 +355,14 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
                "control_fd": control.fd, "slots_fd": memory.fd}
     server = threading.Thread(target=serve.serve, args=(payload, {}), daemon=True)
     try:
+        began = time.perf_counter_ns()
         server.start()
         deadline = time.monotonic() + 30
         while control.words[DONE] != nonce and time.monotonic() < deadline:
             time.sleep(0.01)
         assert control.words[DONE] == nonce, "the server never served the round whose GO came while it was frozen"
+        stamps = [control.words[STAMPS + i] for i in range(3)]  # its wake, outputs placed, device synced: the harness's log
+        assert began <= stamps[0] <= stamps[1] <= stamps[2] <= time.perf_counter_ns(), stamps
         control.words[GO] = STOP
         server.join(30)
         assert not server.is_alive()

@@ -34,6 +34,7 @@ import importlib.util
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -48,7 +49,7 @@ from env_pool.isolation.result_channel import child_exit, child_result_channel
 from env_pool.shared.arena import Arena
 from env_pool.shared.inputs import build_on, make_model
 from env_pool.shared.profile import synchronize
-from env_pool.shared.rounds import DONE, GO, OUTS, READY, STOP, Control, Layout, Slot, SlotMemory
+from env_pool.shared.rounds import DONE, GO, OUTS, READY, STAMPS, STOP, Control, Layout, Slot, SlotMemory
 from tasks.rules import rules_named
 from tasks.solution import SOLUTION_FILE, uses_extension_module
 from tasks.task import Task, build_problem
@@ -203,6 +204,7 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
         last = go
         if go < 0:
             return go
+        words[STAMPS] = time.perf_counter_ns()
         # The last round's outputs, read by now, are let go only once this round's exist: freed
         # before the forward, a CPU output of 16 MB went back to the kernel (glibc trims the top of
         # its heap) and every round paid its page faults again, 10 ms for an eager ReLU against 3 ms.
@@ -212,7 +214,9 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
                     produced = model(*args)
                 with arena.allocating() if arena is not None else contextlib.nullcontext():
                     kept = _place(produced, layout, arena)
+            words[STAMPS + 1] = time.perf_counter_ns()
             synchronize(device)
+            words[STAMPS + 2] = time.perf_counter_ns()
             if threads is not None:
                 guards.check_threads(state, threads)
             for k, out in enumerate(kept):

@@ -31,7 +31,7 @@ from env_pool.candidate.seccomp import KILL_SIGNAL
 from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.inputs import make_model
 from env_pool.shared.profile import CacheFlusher, synchronize
-from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STAMPS, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.readout import Unreadable, read_arena, read_process
@@ -68,6 +68,11 @@ class PhaseRun:
     samples_ns: list[int] = field(default_factory=list)
     staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output reads, per round
     settle_ns: list[int] = field(default_factory=list)  # DONE until the server was frozen: its own, never subtracted
+    # GO until DONE, split at the thaw's return and at the server's own stamps (its wake, its
+    # outputs placed, its device synced: untrusted): for the log that says where a round's time
+    # went (issue 34's fidelity gap on the GPU). Never part of any reward.
+    window_ns: list[int] = field(default_factory=list)
+    split_ns: list[tuple[int, ...]] = field(default_factory=list)
     checks: list[InputCheck] = field(default_factory=list)
     outputs: Variation = field(default_factory=Variation)  # the server's, over the first VARIATION_ROUNDS checked rounds
     expected: Variation = field(default_factory=Variation)  # the reference's, over the same rounds
@@ -199,6 +204,7 @@ class Rounds:
             go_at = time.perf_counter_ns()
             self.control.words[GO] = nonce
             freezer.thaw()
+            thawed_at = time.perf_counter_ns()
             status = self._wait_done(server.thread, nonce, sampling)
             done_at = time.perf_counter_ns()
             if not freezer.freeze(server.thread.is_alive):
@@ -213,6 +219,10 @@ class Rounds:
             run.samples_ns.append(end - start)
             run.staging_ns.append((go_at - start) + (end - frozen_at))
             run.settle_ns.append(frozen_at - done_at)
+            run.window_ns.append(done_at - go_at)
+            if status >= 0:
+                woke, placed, synced = (self.control.words[STAMPS + i] for i in range(3))
+                run.split_ns.append((thawed_at - go_at, woke - go_at, placed - woke, synced - placed, done_at - synced))
             if sampling is not None:  # all the server could run in the round: GO until it was frozen again
                 sampling.round_done(go_at, frozen_at)
             if status < 0:
@@ -255,6 +265,8 @@ class Rounds:
                 raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
         self.flusher()
         self.control.words[DONE] = 0
+        for i in range(3):
+            self.control.words[STAMPS + i] = 0
         for k in range(len(self.snapshots)):
             self.control.words[OUTS + k] = NOWHERE
         synchronize(self.device)
@@ -456,7 +468,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
             with pools.quiet(timed):
                 runs[name] = run = rounds.run_phase(server, todo, check, sampler, sampling, labels)
             log(f"  {name}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
-                f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
+                f"GO to DONE {_ms(run.window_ns)} ({_split(run.split_ns)}), DONE to frozen {_ms(run.settle_ns)} "
+                f"(medians, ms)")
             if sampler is not None:
                 sampler.record_mappings(False)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
@@ -559,6 +572,14 @@ def _kind_and_message(message: str, default: str) -> tuple[str, str]:
 
 def _ms(values_ns: list[int]) -> str:
     return f"{statistics.median(values_ns) / 1e6:.3f}" if values_ns else "-"
+
+
+SPLIT = ("the thaw", "GO to the server's wake", "its forward", "its sync", "its sync to DONE seen")
+
+
+def _split(split_ns: list[tuple[int, ...]]) -> str:
+    """GO to DONE term by term, each term's median; the last four by the server's own stamps."""
+    return ", ".join(f"{what} {_ms([row[i] for row in split_ns])}" for i, what in enumerate(SPLIT))
 
 
 def _iqr(values: list[float]) -> float:
