@@ -13,7 +13,8 @@
 #   learn     the learning check on the GPU, synchronous (issue 33)
 #   fidelity  five evaluations of each legit cuda kernel against do_bench and KernelBench's loop (issue 34)
 #   synth     20 synthesised tasks on the cuda window (issue 36)
-#   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31; ~40 s each)
+#   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
+#             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
 #   seeds     both learning checks again at seeds 1 and 2 (the H100's asynchronous run of 2026-11-27
 #             at seed 0 settled on one word: is that its seed or its mode?)
@@ -86,7 +87,7 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  # done in the lease of 2026-11-27 11:00 (name them to redo them): size, paper, corpus, learn, async
+  # done in the lease of 2026-11-27 10:24 (name them to redo them): size, paper, corpus, learn, async
   [ $# -gt 0 ] || set -- seeds fidelity synth sets
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
