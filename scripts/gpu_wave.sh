@@ -17,7 +17,8 @@
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
 #   seeds     both learning checks again at seeds 1 and 2 (the H100's asynchronous run of 2026-11-27
-#             at seed 0 settled on one word: is that its seed or its mode?)
+#             at seed 0 settled on one word: is that its seed or its mode?), and the asynchronous
+#             one at half the rate
 #   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 set -uo pipefail
@@ -69,7 +70,10 @@ queue() {
                step "learn-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed logging.out_dir="$WAVE/learn-sync-$seed"
                step "async-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed stage.asynchronous=true \
                  logging.out_dir="$WAVE/learn-async-$seed"
-             done ;;
+             done
+             # at half the rate: on the CPU (seed 1) that let the asynchronous check learn (README)
+             step async-half 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true learner.lr=7.5e-6 \
+               logging.out_dir="$WAVE/learn-async-half" ;;
       async) step async 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true logging.out_dir="$WAVE/learn-async" ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
