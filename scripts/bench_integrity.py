@@ -154,8 +154,8 @@ def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str], rows: l
 
 def keep_harness_logs(work: Path, out: Path) -> None:
     """Each worker's harness log beside the report: per phase, the rounds' median, the harness's own
-    share of it, GO to DONE with the thaw in it, and DONE to frozen, which say which side of a
-    speedup moved (issue 34's 9% on gelu)."""
+    share of it, GO to DONE split term by term (thaw, the server's wake, forward, sync), and DONE
+    to frozen, which say which side of a speedup moved (issue 34's 9% on gelu)."""
     for log in work.rglob("harness.log"):
         (out / f"harness-{log.parent.relative_to(work).as_posix().replace('/', '-')}.log").write_bytes(log.read_bytes())
 

@@ -54,12 +54,17 @@ run_sets() {  # levels 1 and 3 ran on an H100, level 2 but its 3-D convolutions 
   timeout 840 python3 -m launch.cli tasks check --backend cuda --sets-only --jsonl "$KB"/level2/*3d*.py > "$WAVE/sets-level2-3d.jsonl"
 }
 
+learn_check() {  # NAME [OVERRIDE ...]: the learning check on the GPU, its run folder $WAVE/NAME
+  local name=$1; shift
+  step "$name" 600 python3 -m launch.cli train "${LEARN[@]}" "$@" logging.out_dir="$WAVE/$name"
+}
+
 queue() {
   for name in "$@"; do
     case $name in
       size) step size 420 run_size ;;
       corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
-      learn) step learn 600 python3 -m launch.cli train "${LEARN[@]}" logging.out_dir="$WAVE/learn-sync" ;;
+      learn) learn_check learn-sync ;;
       fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 \
                   --kernels gelu_cuda linear_relu_cublas_paper_cuda relu_cuda softmax_warp_cuda ;;  # all eleven: ~20 min
       synth) step synth 420 python3 -m launch.cli synth synth.backend=cuda synth.tasks=20 synth.workers=4 \
@@ -67,14 +72,12 @@ queue() {
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) for seed in 1 2; do
-               step "learn-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed logging.out_dir="$WAVE/learn-sync-$seed"
-               step "async-$seed" 600 python3 -m launch.cli train "${LEARN[@]}" seed=$seed stage.asynchronous=true \
-                 logging.out_dir="$WAVE/learn-async-$seed"
+               learn_check "learn-sync-$seed" seed=$seed
+               learn_check "learn-async-$seed" seed=$seed stage.asynchronous=true
              done
              # at half the rate: on the CPU (seed 1) that let the asynchronous check learn (README)
-             step async-half 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true learner.lr=7.5e-6 \
-               logging.out_dir="$WAVE/learn-async-half" ;;
-      async) step async 600 python3 -m launch.cli train "${LEARN[@]}" stage.asynchronous=true logging.out_dir="$WAVE/learn-async" ;;
+             learn_check learn-async-half stage.asynchronous=true learner.lr=7.5e-6 ;;
+      async) learn_check learn-async stage.asynchronous=true ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
   done
@@ -97,7 +100,7 @@ start)
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
   [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
-  export -f step queue run_size run_sets; export WAVE KB PAPER
+  export -f step learn_check queue run_size run_sets; export WAVE KB PAPER
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;

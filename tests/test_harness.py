@@ -335,7 +335,7 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
     server's own write of READY.
     """
     from env_pool.candidate import serve
-    from env_pool.shared.rounds import DONE, STAMPS, STOP
+    from env_pool.shared.rounds import DONE, STAMP_WORDS, STAMPS, STOP
     from tasks.loader import load_tasks
 
     nonce = (1 << 61) | 12345
@@ -361,7 +361,7 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
         while control.words[DONE] != nonce and time.monotonic() < deadline:
             time.sleep(0.01)
         assert control.words[DONE] == nonce, "the server never served the round whose GO came while it was frozen"
-        stamps = [control.words[STAMPS + i] for i in range(3)]  # its wake, outputs placed, device synced: the harness's log
+        stamps = [control.words[STAMPS + i] for i in range(STAMP_WORDS)]  # its wake, outputs placed, device synced: the harness's log
         assert began <= stamps[0] <= stamps[1] <= stamps[2] <= time.perf_counter_ns(), stamps
         control.words[GO] = STOP
         server.join(30)

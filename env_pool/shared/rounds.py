@@ -47,7 +47,7 @@ GO, DONE, READY, OUTS = 0, 1, 2, 8
 # STAMPS + 0..2: the server's own clock (CLOCK_MONOTONIC ns, the harness's too) as it saw GO, as
 # its forward's outputs were placed, and after the device's sync. Written by the server, so
 # untrusted: the harness only logs them (where a round's time went), never decides on them.
-STAMPS = 3
+STAMPS, STAMP_WORDS = 3, 3
 STOP = -1  # GO: leave the server's loop and exit
 NOWHERE = -1  # an OUTS word before the server has placed its output
 CONTROL_BYTES = 4096

@@ -31,7 +31,7 @@ from env_pool.candidate.seccomp import KILL_SIGNAL
 from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.inputs import make_model
 from env_pool.shared.profile import CacheFlusher, synchronize
-from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STAMPS, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STAMP_WORDS, STAMPS, STOP, Control, SlotMemory, next_phase, plan_layout
 from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.readout import Unreadable, read_arena, read_process
@@ -68,10 +68,10 @@ class PhaseRun:
     samples_ns: list[int] = field(default_factory=list)
     staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output reads, per round
     settle_ns: list[int] = field(default_factory=list)  # DONE until the server was frozen: its own, never subtracted
-    # GO until DONE, split at the thaw's return and at the server's own stamps (its wake, its
-    # outputs placed, its device synced: untrusted): for the log that says where a round's time
-    # went (issue 34's fidelity gap on the GPU). Never part of any reward.
-    window_ns: list[int] = field(default_factory=list)
+    # A passed round's GO until DONE, split at the thaw's return and at the server's own stamps
+    # (its wake, its outputs placed, its device synced: untrusted); the last four terms sum to
+    # GO until DONE. For the log that says where a round's time went (issue 34's fidelity gap on
+    # the GPU). Never part of any reward.
     split_ns: list[tuple[int, ...]] = field(default_factory=list)
     checks: list[InputCheck] = field(default_factory=list)
     outputs: Variation = field(default_factory=Variation)  # the server's, over the first VARIATION_ROUNDS checked rounds
@@ -219,9 +219,8 @@ class Rounds:
             run.samples_ns.append(end - start)
             run.staging_ns.append((go_at - start) + (end - frozen_at))
             run.settle_ns.append(frozen_at - done_at)
-            run.window_ns.append(done_at - go_at)
             if status >= 0:
-                woke, placed, synced = (self.control.words[STAMPS + i] for i in range(3))
+                woke, placed, synced = (self.control.words[STAMPS + i] for i in range(STAMP_WORDS))
                 run.split_ns.append((thawed_at - go_at, woke - go_at, placed - woke, synced - placed, done_at - synced))
             if sampling is not None:  # all the server could run in the round: GO until it was frozen again
                 sampling.round_done(go_at, frozen_at)
@@ -265,7 +264,7 @@ class Rounds:
                 raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
         self.flusher()
         self.control.words[DONE] = 0
-        for i in range(3):
+        for i in range(STAMP_WORDS):
             self.control.words[STAMPS + i] = 0
         for k in range(len(self.snapshots)):
             self.control.words[OUTS + k] = NOWHERE
@@ -468,8 +467,8 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
             with pools.quiet(timed):
                 runs[name] = run = rounds.run_phase(server, todo, check, sampler, sampling, labels)
             log(f"  {name}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
-                f"GO to DONE {_ms(run.window_ns)} ({_split(run.split_ns)}), DONE to frozen {_ms(run.settle_ns)} "
-                f"(medians, ms)")
+                f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
+                f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
             if sampler is not None:
                 sampler.record_mappings(False)
             rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
