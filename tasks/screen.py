@@ -127,8 +127,12 @@ def screen_task(
         result.fail("distinct", "too few distinct values: " + "; ".join(
             f"{'output ' + str(k) if len(sets.distinct) > 1 else 'the output'} takes {share:.2%} distinct values "
             f"(at least {min_distinct:.0%} asked)" for k, share in few))
-    if not all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, inputs_a))):
-        result.fail("deterministic", "not deterministic: the same inputs gave different outputs")
+    # Within the task's tolerance, not bit for bit: the verifier compares a candidate with one run of
+    # the reference at that tolerance, and cuDNN's 3-D transposed convolutions sum with atomics
+    # (KernelBench level2/78 differed run to run on an H100, 2026-11-27, well inside it).
+    again = _disagreement(model, inputs_a, out_a, tolerances, "run again on the same inputs")
+    if again:
+        result.fail("deterministic", "not deterministic: " + again[0])
     if all(torch.equal(x, y) for x, y in zip(out_a, _outputs(model, make(1)))):
         result.fail("input_dependent", "output does not depend on the inputs")
     if unstable:
