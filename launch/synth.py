@@ -34,18 +34,35 @@ REPORT_EVERY = 25  # screened candidates between two writes of report.json durin
 
 
 def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try_compile: bool, target_ms: float,
-            demands: Demands) -> tuple[Candidate, ScreenResult]:
+            demands: Demands, workers: int = 0) -> tuple[Candidate, ScreenResult]:
     """In a worker: the candidate sized to the window's target, then every dynamic filter (one thread, as a cpp server runs)."""
     import torch
 
     torch.set_num_threads(1)
     try:
-        candidate = sized(candidate, window, backend, target_ms)
+        candidate = sized(candidate, window, backend, target_ms, _gpu_share(backend, workers))
         return candidate, dynamic_problem(task_of(candidate), backend, window, try_compile, demands)
     except Exception as err:  # a program that breaks the filter itself is rejected, never the run
         broken = ScreenResult(candidate.id, backend)
         broken.problems.append(f"the screen failed: {type(err).__name__}: {str(err)[:300]}")
         return candidate, broken
+    finally:
+        if backend == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the worker lives on: its cached blocks go back for the next screen
+
+
+def _gpu_share(backend: str, workers: int) -> int:
+    """The GPU memory (bytes) this screen may use: the device's over the workers that share it (0 off cuda).
+
+    Enforced, not only aimed at: past it this process's allocator fails, so a candidate larger than
+    its sizing measured runs out of its own share rather than its neighbours' screens."""
+    import torch
+
+    if backend != "cuda" or not torch.cuda.is_available():
+        return 0
+    share = 1.0 / max(1, workers)
+    torch.cuda.set_per_process_memory_fraction(share)
+    return int(torch.cuda.get_device_properties(0).total_memory * share)
 
 
 def check_settings(s) -> None:
@@ -192,7 +209,7 @@ class _Screener:
 
     def __init__(self, cfg, out: Path, backend: str):
         workers = int(cfg.synth.workers)
-        self.backend, self.local = backend, workers == 0
+        self.backend, self.local, self.workers = backend, workers == 0, workers
         if self.local:
             self.results: dict[int, tuple] = {}
             return
@@ -218,7 +235,7 @@ class _Screener:
             key = len(self.results)
             self.results[key] = _screen(candidate, self.backend, window, try_compile, target_ms, demands)
             return key
-        return self.remote.remote(candidate, self.backend, window, try_compile, target_ms, demands)
+        return self.remote.remote(candidate, self.backend, window, try_compile, target_ms, demands, self.workers)
 
     def next_done(self, pending: list):
         if self.local:

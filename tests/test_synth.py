@@ -85,6 +85,24 @@ def test_the_batch_is_sized_to_the_window_where_it_is_measured(catalogue):
     assert presets["cpp"]["batch_size"] == batch and presets["cuda"]["batch_size"] > batch
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_the_batch_fits_the_screens_share_of_memory(catalogue):
+    import torch
+
+    from tasks.synth.compose import SCREEN_MEMORY_FACTOR, _peak_bytes
+
+    candidate = next(c for c in (compose(seed, catalogue[0]) for seed in range(40)) if c and c.provenance["layout"] == "flat")
+    share = 256 << 20  # far less than the 10 ms target needs on any GPU
+    grown = sized(candidate, (1.0, 100.0), "cuda", memory_bytes=share)
+    scope: dict = {}
+    exec(compile(grown.source, grown.id, "exec"), scope)
+    model = scope["Model"]().cuda().eval()
+    x = torch.randn(grown.provenance["batch_cuda"], *grown.provenance["sample_shape"], device="cuda")
+    # The per-sample peak is measured at a smaller batch: a fifth over the aim is its rounding.
+    assert _peak_bytes(model, x) <= 1.2 * share / SCREEN_MEMORY_FACTOR, grown.provenance
+    assert grown.provenance["eager_ms_sized"] > 0
+
+
 @pytest.mark.parametrize("source, reason", [
     ("def broken(:\n", "does not parse"),
     (program().replace("def get_inputs", "def get_other"), "does not define get_inputs"),

@@ -11,7 +11,7 @@ import torch
 from tasks.describe import describe_task
 from tasks.loader import load_task_file, load_tasks
 from tasks.screen import screen_task
-from tasks.task import Task, TaskError, build_problem
+from tasks.task import Task, build_problem
 
 GOOD = textwrap.dedent(
     """

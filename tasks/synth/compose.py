@@ -28,6 +28,12 @@ SAMPLE_SHAPES = {"flat": [(1024,), (2048,), (4096,)], "seq": [(64, 256), (128, 5
 # CPU; 2 GiB on a GPU, where at 256 MB (an H100, 2026-11-27) 29 of 50 chains ran in 0.1-1 ms, under
 # the window, and the accepted ones in 1.0-2.3 ms against the 10 ms aimed at.
 MAX_ELEMENTS = {"cpu": 1 << 26, "cuda": 1 << 29}
+# On a GPU the screen holds several times one float32 forward's peak at once: the float64 twin's
+# forward (twice it), the outputs of the input sets it compares, torch.compile's buffers. A batch
+# whose forward peaks above the worker's share over this factor is cut down to fit (an H100's synth
+# run of 2026-11-27, 4 workers: 47 of 59 candidates failed their screen out of memory, one worker's
+# cache holding 58 GiB).
+SCREEN_MEMORY_FACTOR = 6
 SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
 SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
 CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
@@ -75,12 +81,15 @@ def chain_of(names: list[str], ops: list[Op], layout: str = "flat", sample: tupl
                                  "sample_shape": list(sample)})
 
 
-def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "cpp", target_ms: float = 0.0) -> Candidate:
+def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "cpp", target_ms: float = 0.0,
+          memory_bytes: int = 0) -> Candidate:
     """The candidate with the batch size that puts its eager forward at ``target_ms`` (0: the window's geometric middle).
 
     Measured where the window is then checked (a screen worker, one thread): a size measured in
     another process on a busy machine missed the window by 100x either way. The time measured at
     the chosen batch is recorded (``eager_ms_sized``), so a task's distance from the edges is known.
+    ``memory_bytes`` (cuda): the GPU memory the screen may use; the batch is capped so that its
+    forward's measured peak stays under a SCREEN_MEMORY_FACTOR-th of it (0: no cap but MAX_ELEMENTS).
     """
     scope: dict = {}
     exec(compile(candidate.source, candidate.id, "exec", dont_inherit=True), scope)
@@ -89,7 +98,7 @@ def sized(candidate: Candidate, window_ms: tuple[float, float], backend: str = "
     model = scope["Model"]().to(device).eval()
     sample = tuple(candidate.provenance["sample_shape"])
     target = target_ms or (window_ms[0] * window_ms[1]) ** 0.5
-    measured, eager_ms = _sized_batch(model, sample, target, device)
+    measured, eager_ms = _sized_batch(model, sample, target, device, memory_bytes)
     # The backend measured here sets its own preset; the other one's is scaled by the usual GPU/CPU ratio.
     batch = measured if device == "cpu" else max(1, measured // CUDA_BATCH_FACTOR)
     cuda_batch = measured if device == "cuda" else batch * CUDA_BATCH_FACTOR
@@ -191,7 +200,8 @@ if __name__ == "__main__":  # `python task.py`: the program runs on its own
 '''
 
 
-def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float, device: str) -> tuple[int, float]:
+def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float, device: str,
+                 memory_bytes: int = 0) -> tuple[int, float]:
     """(the batch whose eager forward takes about ``target`` ms, the time measured at it)."""
     tried: dict[int, float] = {}  # batch -> its measured ms
     batch = 1
@@ -203,6 +213,13 @@ def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float,
             break
         batch *= 2
     cap = max(1, int(MAX_ELEMENTS[device] // max(max(x.numel(), y.numel()) / batch, 1)))
+    if memory_bytes and x.is_cuda:
+        cap = min(cap, max(1, int(memory_bytes / SCREEN_MEMORY_FACTOR * batch / _peak_bytes(model, x))))
+        if batch > cap:  # the batches measured past the cap are out of the running, and the cap is measured
+            tried = {b: t for b, t in tried.items() if b <= cap}
+            batch = cap
+            ms, _ = _eager_ms(model, torch.randn(batch, *sample, device=device))
+            tried[batch] = ms
     # Time is not linear in the batch: a small batch runs from the caches, a large one pays DRAM and
     # page faults (relu then softsign took 30x longer per sample at 51M elements than at 1M), so a
     # linear guess from a small batch missed by 10-30x (issue 36: tasks sized for 10 ms ran in 1 ms).
@@ -225,6 +242,16 @@ def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float,
         tried[batch] = ms
     best = min(tried, key=lambda b: abs(math.log(max(tried[b], 1e-6) / target)))
     return best, tried[best]
+
+
+def _peak_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """The GPU memory one forward on ``x`` takes at its peak, ``x`` included (the weights are not)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        model(x)
+    return torch.cuda.max_memory_allocated() - before + x.numel() * x.element_size()
 
 
 def _eager_ms(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
