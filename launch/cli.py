@@ -725,6 +725,19 @@ def sort_out_items(args: argparse.Namespace, unknown: list[str]) -> list[str]:
     return left
 
 
+def interruptible() -> None:
+    """Ctrl-C and `cuda-agent jobs stop` (SIGINT) stop every command, however it was started.
+
+    A shell without job control (a script's `cuda-agent synth ... &`, `nohup ... &`) starts its
+    background commands with SIGINT ignored, and Python keeps an inherited SIG_IGN: such a run
+    went on to its end through a stop, its report never marked unfinished (tests/test_synth.py).
+    """
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     from configs.load import ConfigError
     from launch.embedded_model import ModelPrepareError
@@ -740,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sort_out_items(args, unknown)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    interruptible()
     try:
         return args.func(args)
     except (ConfigError, TaskError, ModelPrepareError, PolicyError, TopologyError, StorageError, JobError) as err:

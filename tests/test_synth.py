@@ -271,11 +271,14 @@ def test_a_stopped_run_writes_its_report_too(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "out"
+    # Started with SIGINT ignored, as a shell without job control starts `cuda-agent synth ... &`:
+    # the stop must still stop it (launch/cli.py interruptible).
     proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "synth", f"synth.out_dir={out}", "synth.tasks=50",
                              "synth.workers=0", "synth.try_compile=false", "logging.progress=false",
                              f"synth.kernelbench_dir={tmp_path / 'no_kernelbench'}"],
                             cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 300
     while not (out / "manifest.jsonl").exists() or not (out / "manifest.jsonl").read_text().strip():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
