@@ -74,6 +74,42 @@ def milestone_figure(records: list[dict[str, Any]]) -> Any:
     return fig
 
 
+def comparison_figure(runs: dict[str, list[dict[str, Any]]], window: int = 3, threshold: float | None = None,
+                      title: str = "") -> Any:
+    """Runs side by side (the learning check's synchronous against asynchronous): the mean reward over
+    the last ``window`` steps by step and by seconds since the first step's end, ``threshold`` drawn
+    across; each run named in the legend with where it first reached the threshold."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure()
+    fig.set_size_inches(11, 4.5)
+    by_step, by_time = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for k, (label, records) in enumerate(runs.items()):
+        steps, rewards = _series(records, REWARD)
+        times = [r["time"] - records[0]["time"] for r in records if REWARD in r]
+        smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
+                  for i in range(len(rewards))]
+        reached = next((i for i in range(window - 1, len(smooth)) if threshold is not None and smooth[i] >= threshold), None)
+        if threshold is not None:
+            label += (f" ({threshold:g} at step {steps[reached]}, {times[reached]:.0f} s)" if reached is not None
+                      else f" ({threshold:g} not reached)")
+        style = STYLES[k % len(STYLES)]
+        by_step.plot(steps, smooth, label=label, **{**style, "markersize": 4})
+        by_time.plot(times, smooth, **{**style, "markersize": 4})
+    for ax, xlabel in ((by_step, "step"), (by_time, "seconds since the first step's end")):
+        if threshold is not None:
+            ax.axhline(threshold, color="grey", linestyle="--", linewidth=1)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    by_step.set_ylabel(f"mean reward over the last {window} steps")
+    by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_step.legend(loc="lower right", fontsize=LABEL_SIZE - 1)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
 def y_range(values: list[float], min_span: float = MIN_SPAN) -> tuple[float, float]:
     """Limits that hold ``values`` with a margin, at least ``min_span`` apart (matplotlib would
     stretch a constant series over +-0.04, and a flat line would look like data)."""

@@ -128,6 +128,20 @@ def test_milestone_series_that_coincide_stay_visible_by_their_style():
     assert sizes[0] < sizes[1] < sizes[2], "hollow markers of decreasing size show each one under the next"
 
 
+def test_runs_side_by_side_say_where_each_first_reached_the_threshold(tmp_path):
+    from launch.plots import comparison_figure
+
+    def run(rewards, seconds_a_step):
+        return [{"step": k + 1, "time": 100.0 + k * seconds_a_step, "reward/mean": r} for k, r in enumerate(rewards)]
+
+    fig = comparison_figure({"fast": run([0.0, 0.5, 1.0, 1.0, 1.0], 2.0), "flat": run([0.0] * 5, 1.0)}, threshold=0.6)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    # The first 3-step mean at 0.6 or more is steps 2-4's (0.83), six seconds after step 1's end.
+    assert labels == ["fast (0.6 at step 4, 6 s)", "flat (0.6 not reached)"], labels
+    by_time = fig.axes[1].get_lines()[0].get_xdata()
+    assert list(by_time) == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
 def test_no_plot_is_written_for_metrics_never_logged(tmp_path):
     assert write_plots(tmp_path) == []
     log_steps(tmp_path, [1], tensorboard=False)
