@@ -36,8 +36,8 @@ import pytest
 from configs.load import load_config
 from launch.primed_model import answer_preference, expected_reward, preference_change
 
-# 11-14 minutes a run on the busy 2-core machine (the asynchronous run slower: at 6 of 12 steps after
-# 900 s, pytest's default limit, under a load average of 7 to 12): well past that default.
+# 9-14 minutes a synchronous run on the 2-core machine, 25 minutes the asynchronous one (24 steps of
+# ~60 s, 2026-11-27): well past pytest's default limit of 900 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 # The statistic is noise-free given the weights: each question's asked-word preference (the log-odds
