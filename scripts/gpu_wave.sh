@@ -17,9 +17,10 @@
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
-#   seeds     the asynchronous learning check as the test runs it (half the rate, 24 steps) at seeds 1, 2
-#             and 0 (at the full rate it settled on one word, H100 seed 0 and CPU seed 1; at half the
-#             rate 12 steps moved it by 0.08-0.27, H100 seeds 0-2)
+#   seeds     the asynchronous learning check as the test runs it (half the rate, 24 steps) at seeds 0, 2
+#             and 1 (seed 1 learned on 2026-11-27; at the full rate it settled on one word, H100 seed 0
+#             and CPU seed 1; at half the rate 12 steps moved it by 0.08-0.27, H100 seeds 0-2)
+#   synthtest the gpu test of synth's memory share (tests/test_synth.py; needs .whl's wheels)
 #   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 set -uo pipefail
@@ -73,8 +74,9 @@ queue() {
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) # tests/test_learn_check.py's ASYNC_LR and ASYNC_STEPS
-             for seed in 1 2 0; do learn_check "learn-async-24-$seed" seed=$seed stage.asynchronous=true learner.lr=7.5e-6 stage.steps=24; done ;;
+             for seed in 0 2 1; do learn_check "learn-async-24-$seed" seed=$seed stage.asynchronous=true learner.lr=7.5e-6 stage.steps=24; done ;;
       async) learn_check learn-async stage.asynchronous=true ;;
+      synthtest) step synthtest 300 bash scripts/run_gpu_tests.sh tests/test_synth.py -k gpu ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
   done
@@ -92,7 +94,7 @@ case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
   # done in the lease of 2026-11-27 10:24 (name them to redo them): size, paper, corpus, learn, async
-  [ $# -gt 0 ] || set -- seeds synth fidelity
+  [ $# -gt 0 ] || set -- synthtest synth seeds fidelity
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
