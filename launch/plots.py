@@ -87,8 +87,8 @@ def comparison_figure(runs: dict[str, list[dict[str, Any]]], window: int = 3, th
     for k, (label, records) in enumerate(runs.items()):
         steps, rewards = _series(records, REWARD)
         times = [r["time"] - records[0]["time"] for r in records if REWARD in r]
-        smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
-                  for i in range(len(rewards))]
+        last = [rewards[max(0, i - window + 1):i + 1] for i in range(len(rewards))]
+        smooth = [sum(r) / len(r) for r in last]
         reached = next((i for i in range(window - 1, len(smooth)) if threshold is not None and smooth[i] >= threshold), None)
         if threshold is not None:
             label += (f" ({threshold:g} at step {steps[reached]}, {times[reached]:.0f} s)" if reached is not None

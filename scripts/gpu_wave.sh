@@ -73,8 +73,7 @@ queue() {
                synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
-      seeds) # tests/test_learn_check.py's ASYNC_LR and ASYNC_STEPS
-             for seed in 0 2 1; do learn_check "learn-async-24-$seed" seed=$seed stage.asynchronous=true learner.lr=7.5e-6 stage.steps=24; done ;;
+      seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
       async) learn_check learn-async stage.asynchronous=true ;;
       synthtest) step synthtest 300 bash scripts/run_gpu_tests.sh tests/test_synth.py -k gpu ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;

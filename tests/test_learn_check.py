@@ -18,7 +18,7 @@ What each run proves, and what would fail it:
   reward under that verifier rises and every question prefers the word it was not asked for (a
   sign error in the advantages or the loss would move both runs the same way);
 - asynchronous: generation goes on while the learner trains, and the expected reward rises too
-  (at half the rate, over twice the steps: ASYNC_LR, ASYNC_STEPS).
+  (at half the rate, over twice the steps: configs/learn-check-async.yaml).
 The sampled reward by step is printed beside them (see MARGIN for why it is not the statistic).
 
 Measured on the 2-core CPU machine shared with other work (load average 8-10), 2026-11-26:
@@ -50,14 +50,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 # expected reward -0.10 -> +0.92 (README: the learning check).
 MARGIN = 0.25  # the expected reward's rise, reward units (+1/-1): 12.5 points of accuracy
 ASYNC_MARGIN = 0.25  # asynchronous steps train on episodes up to one version old
-# Half the synchronous rate: each asynchronous step trains on episodes one version old, so two
-# updates land on one version's episodes before the first one's effect is sampled; at 1.5e-5 that
-# made one word certain for both questions (H100 seed 0, CPU seed 1: README's learning check).
-ASYNC_LR = 7.5e-6
-# ...over twice the steps: at half the rate twelve steps moved the expected reward by 0.08-0.27 on an
-# H100 (seeds 0-2, 2026-11-27), the sampled "no" answers to the "no" question that carry the signal
-# being about one in a batch of eight (README: the learning check).
-ASYNC_STEPS = 24
 
 
 @dataclass
@@ -69,11 +61,11 @@ class Check:
     after: dict[str, float]  # ... of the policy the run exported
 
 
-def run_check(tmp_path: Path, *overrides: str) -> Check:
+def run_check(tmp_path: Path, *overrides: str, configs: tuple[str, ...] = ("learn-check",)) -> Check:
     from launch.embedded_model import resolve_model_path
     from launch.train import train
 
-    cfg = load_config(["learn-check"], [f"logging.out_dir={tmp_path}", "logging.progress=false", *overrides])
+    cfg = load_config(list(configs), [f"logging.out_dir={tmp_path}", "logging.progress=false", *overrides])
     started = time.monotonic()
     out = train(cfg)
     wall = time.monotonic() - started
@@ -134,7 +126,7 @@ def test_control_run_rewarding_the_other_word_moves_the_policy_the_other_way(tmp
 
 
 def test_asynchronous_learning_check_raises_the_reward_too(tmp_path, capsys):
-    check = run_check(tmp_path, "stage.asynchronous=true", f"learner.lr={ASYNC_LR}", f"stage.steps={ASYNC_STEPS}")
+    check = run_check(tmp_path, configs=("learn-check", "learn-check-async"))
     steps, episodes = check.steps, check.episodes
     with capsys.disabled():
         print(f"\n[timing] learn-check asynchronous: {len(steps)} steps in {check.wall:.0f} s; {shown(check)}")
