@@ -40,7 +40,7 @@ def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try
 
     torch.set_num_threads(1)
     try:
-        candidate = sized(candidate, window, backend, target_ms, _gpu_share(backend, workers))
+        candidate = sized(candidate, window, backend, target_ms, _enforce_gpu_share(backend, workers))
         return candidate, dynamic_problem(task_of(candidate), backend, window, try_compile, demands)
     except Exception as err:  # a program that breaks the filter itself is rejected, never the run
         broken = ScreenResult(candidate.id, backend)
@@ -51,7 +51,7 @@ def _screen(candidate: Candidate, backend: str, window: tuple[float, float], try
             torch.cuda.empty_cache()  # the worker lives on: its cached blocks go back for the next screen
 
 
-def _gpu_share(backend: str, workers: int) -> int:
+def _enforce_gpu_share(backend: str, workers: int) -> int:
     """The GPU memory (bytes) this screen may use: the device's over the workers that share it (0 off cuda).
 
     Enforced, not only aimed at: past it this process's allocator fails, so a candidate larger than
