@@ -477,6 +477,7 @@ class CodeLedger:
 
     def to_dict(self) -> dict:
         return {"judged_rounds": self.rounds, "samples": dict(self.counts), "lost": self.lost, "period_ns": PERIOD_NS,
+                "torch_ms": [round(ns / 1e6, 3) for ns in self.torch_rounds],
                 "top": {c: self.labels[c].most_common(3) for c in CATEGORIES if self.labels[c]}}
 
 
@@ -546,26 +547,41 @@ def per_round_ns(ledger: CodeLedger, category: str) -> float:
     return ledger.time_ns[category] / max(1, ledger.rounds)
 
 
-def torch_round_ns(ledger: CodeLedger, last: int = 0) -> float:
-    """The median judged round's torch time, over the ``last`` rounds only when given.
+def torch_round_ns(ledger: CodeLedger) -> float:
+    """The median judged round's torch time.
 
     A median, not a mean: torch computing the result does so in most rounds, while a legitimate
     round now and then pays a one-off millisecond in torch (one round of seven, on the CI's 2
     cores, held 1.5 ms of it: over four verify rounds, a mean flagged gelu_omp and scaled_softmax).
     """
-    times = ledger.torch_rounds[-last:] if last else ledger.torch_rounds
-    return statistics.median(times) if times else 0.0
+    return statistics.median(ledger.torch_rounds) if ledger.torch_rounds else 0.0
 
 
-def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, timed: int = 0) -> list[dict]:
+def timed_torch_ns(ledger: CodeLedger, timed_ns: list[int]) -> float:
+    """The mean torch time of the timed rounds the timing's median rests on: those at or below it.
+
+    ``timed_ns`` are the last rounds' times, in order. Torch in 5 of 9 timed rounds, faster than
+    the candidate's own kernel, makes the median time torch's while 5 of 16 judged rounds leave
+    the median judged round torch-free. The median torch time of the timed rounds saw it, but as
+    the least of the five torch rounds' estimates: one undersampled round (0.89 ms of a 1.5 ms
+    softmax) let it pass on the CI. A mean over the faster half is five estimates' worth.
+    """
+    cut = statistics.median_low(timed_ns)
+    torch = ledger.torch_rounds[-len(timed_ns):]
+    fast = [t for t, ns in zip(torch, timed_ns) if ns <= cut]
+    return statistics.fmean(fast) if fast else 0.0
+
+
+def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, timed_ns: list[int] = ()) -> list[dict]:
     """Violations (guard dicts, as the server's guards report them) from a candidate phase's samples.
 
     Library code: above LIBRARY_SHARE of the samples, or above FLOOR_NS a round (padding the
     rounds with other work must not hide it). Torch code: a legitimate round spends time in
     torch too (its outputs' allocation, the server's copy of them into the shared slots), which
     the ``null`` phase of the same server measured before the candidate's code was loaded; torch
-    time of the median round (torch_round_ns) beyond that, by more than TORCH_FLOOR_NS and
-    TORCH_SLACK of it, is torch computing. Not on a
+    time beyond that, by more than TORCH_FLOOR_NS and TORCH_SLACK of it, is torch computing: in
+    the median judged round (torch_round_ns), or in the timed rounds (``timed_ns``, their times in
+    full mode) that the timing's median rests on (timed_torch_ns). Not on a
     GPU (``torch_rule`` off): there the host mostly waits for the device, and the wait counts
     for whichever library waits, so host time says nothing of which code computed.
     """
@@ -581,9 +597,7 @@ def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, 
                               f"of its CPU time) ran in library code, not in your kernel: {top}. A library computing "
                               "for you is a fallback (SKILL.md): compute in your own kernel's code"})
     glue = torch_round_ns(null) if null is not None else 0.0
-    # Over all the judged rounds, and over the ``timed`` last ones (full mode): torch in most of
-    # the timed rounds sets the median time, however few of all the rounds they are.
-    extra = max(torch_round_ns(ledger), torch_round_ns(ledger, timed) if timed else 0.0) - glue
+    extra = max(torch_round_ns(ledger), timed_torch_ns(ledger, list(timed_ns)) if timed_ns else 0.0) - glue
     if torch_rule and extra > TORCH_FLOOR_NS + TORCH_SLACK * glue:
         top = ", ".join(f"{name} ({n * 100 // total}%)" for name, n in ledger.labels["torch"].most_common(2))
         out.append({"guard": "torch_fallback",

@@ -127,7 +127,8 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
             result.update(failure="infra", message=f"the code sampler lost {run.code.lost} samples (the harness was "
                                                    "starved of CPU): the rounds cannot be attributed; retried")
             return result
-        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu", timed=reps if full else 0)
+        timed_ns = run.samples_ns[-reps:] if full else []
+        result["violations"] += judge(run.code, runs["null"].code, torch_rule=rounds.device == "cpu", timed_ns=timed_ns)
     if run.mutated:
         result["violations"].append({"guard": "input_mutation", "reason": "ModelNew.forward changed its inputs in place"})
     if run.expected.varies and not run.outputs.varies:
