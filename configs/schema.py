@@ -186,6 +186,7 @@ class EnvConfig:
     baseline_memory_limit_mb: int = 32768  # env_pool/evaluate.py: host memory limit of a trusted baselines' server (the task's reference, eager and under torch.compile: trusted code, bounded only to keep a runaway task off the machine); torch.compile of KernelBench's level2/65 took 9.4 GB on an H100 host
     warmup: int = 5  # env_pool/evaluate.py: untimed runs before timing
     repetitions: int = 30  # env_pool/evaluate.py: timed runs; the median is reported
+    eager_recheck: bool = True  # env_pool/evaluate.py: time the eager baseline again, in a trusted server, right after each full evaluation's candidate rounds: its distance from the cached eager timing widens the speedups' intervals (env_pool/reward.py: the machine's speed moved between the baselines' stretch and the candidate's) and, past 50%, has the baselines timed again; costs a trusted server's start-up and the eager rounds per full evaluation; false: the cached baselines' stretch is trusted
     compile_mode: str = "default"  # env_pool/evaluate.py: torch.compile mode of the baseline: default or max-autotune
     threads: int = 1  # env_pool/evaluate.py: CPU threads of the reference and the candidate (torch and OpenMP), the same for both
     work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data, and harness.log (each request and its verdict)

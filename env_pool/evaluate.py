@@ -34,7 +34,7 @@ from env_pool.build import cuda_arch, inline_pch, paper_layout
 from env_pool.build.compile import BACKENDS, EXTENSIONS, cache_key, compile_kernel
 from env_pool.isolation import host_pressure
 from env_pool.isolation.sandbox import UNTRUSTED_ISOLATION, SandboxError, SandboxLimits, SandboxOutcome, run_sandboxed
-from env_pool.reward import apply_reward
+from env_pool.reward import STALE_STRETCH, apply_reward, stretch_drift
 from env_pool.trusted.code_sampler import TooManyLibraries, own_libraries
 from env_pool.trusted.harness_process import HarnessProcess
 from env_pool.trusted.harness_request import HarnessRequest
@@ -273,6 +273,8 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
     if baseline:
         verdict = keep_baselines(ctx, key, verdict)
     _judge(ctx, key, verdict, result, timed=mode == "full")
+    if stretch_drift(result) > STALE_STRETCH:  # cached in another stretch, or disturbed: timed again next time
+        ctx.baselines.pop(key, None)
     if unjudged and result.failure is None:
         result.message = (f"speed not judged: this task's reference runs within the timing protocol's own noise on "
                           f"this worker ({unjudged.removesuffix('; retried')}); correctness only")
@@ -504,8 +506,10 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     cfg = ctx.cfg
     request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
                               ctx.private_paths)
-    limit = HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
-    return await asyncio.to_thread(_quiet_request, ctx, request, limit, baseline or mode == "baselines")
+    recheck = mode == "full" and bool(cfg.eager_recheck)  # the eager baseline timed again after the candidate's rounds
+    limit = (HARNESS_START_S + cfg.run_timeout_s + (cfg.run_timeout_s + cfg.compile_timeout_s if baseline else 0)
+             + (cfg.run_timeout_s if recheck else 0))
+    return await asyncio.to_thread(_quiet_request, ctx, request, limit, baseline or recheck or mode == "baselines")
 
 
 def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, scratch: Path, private: Path,
@@ -517,7 +521,8 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
     return HarnessRequest(
         task=task.to_dict(), backend=backend, mode=mode, baseline=bool(baseline), rules=str(cfg.rules),
         threads=int(cfg.threads), cpus=tuple(plan.servers), startup_cpus=tuple(plan.builds),
-        warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), correctness_inputs=int(cfg.correctness_inputs),
+        warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), eager_recheck=bool(cfg.eager_recheck),
+        correctness_inputs=int(cfg.correctness_inputs),
         adversarial_inputs=bool(cfg.adversarial_inputs), compile_mode=str(cfg.compile_mode), seccomp=bool(cfg.seccomp),
         code_sampling=bool(cfg.code_sampling), memory_limit_mb=int(cfg.memory_limit_mb),
         baseline_memory_limit_mb=int(cfg.baseline_memory_limit_mb), warm_servers=int(cfg.warm_servers),
@@ -612,6 +617,8 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
             result.message = " ".join(filter(None, [result.message, str(verdict.get("timing_note", "the candidate's time could not be resolved"))]))
             return
         result.candidate = Timing(**verdict["candidate"])
+        if verdict.get("eager_recheck"):  # env.eager_recheck
+            result.eager_recheck = Timing(**verdict["eager_recheck"])
 
 
 def _set_failure(result: EvalResult, kind: str, message: str) -> bool:

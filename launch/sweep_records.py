@@ -120,7 +120,7 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
     """The numbers a report needs from a final evaluation (EvalResult.to_dict()), flat."""
     if not final:
         return {"milestone": 0, "failure": "no_evaluation", "message": "", "violations": [], "eager_ms": None,
-                "compiled_ms": None, "candidate_ms": None, "speedup_eager": None, "speedup_compile": None, "interval_eager": None, "interval_compile": None,
+                "compiled_ms": None, "candidate_ms": None, "eager_recheck_ms": None, "speedup_eager": None, "speedup_compile": None, "interval_eager": None, "interval_compile": None,
                 "noise": None, "compile_s": None}
     result = EvalResult.from_dict(final)
     return {
@@ -131,6 +131,8 @@ def eval_fields(final: dict[str, Any] | None) -> dict[str, Any]:
         "eager_ms": result.eager.median_ms if result.eager else None,
         "compiled_ms": result.compiled.median_ms if result.compiled else None,
         "candidate_ms": result.candidate.median_ms if result.candidate else None,
+        # eager again right after the candidate's rounds: its distance from eager_ms widened the intervals
+        "eager_recheck_ms": result.eager_recheck.median_ms if result.eager_recheck else None,
         "speedup_eager": result.speedup_vs_eager,
         "speedup_compile": result.speedup_vs_compile,
         # the speedups' bootstrap intervals at env.reward.confidence ([low, high]; None without timings)

@@ -84,6 +84,9 @@ class EvalResult:
     eager: Timing | None = None  # the reference in eager mode
     compiled: Timing | None = None  # the reference under torch.compile
     candidate: Timing | None = None
+    # The eager baseline timed again right after the candidate's rounds: how far the machine's
+    # speed moved since the baselines' rounds (env_pool/reward.py widens the intervals by it)
+    eager_recheck: Timing | None = None
     compile_s: float = 0.0  # wall-clock seconds of the compile step (0 on a cache hit)
     cache_hit: bool = False
     wall_s: float = 0.0  # wall-clock seconds of the whole evaluation
@@ -121,7 +124,7 @@ class EvalResult:
         d = dict(d)
         d["checks"] = [InputCheck(**c) for c in d.get("checks", [])]
         d["violations"] = [Violation(**v) for v in d.get("violations", [])]
-        for key in ("eager", "compiled", "candidate"):
+        for key in ("eager", "compiled", "candidate", "eager_recheck"):
             d[key] = Timing(**d[key]) if d.get(key) else None
         return cls(**d)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from configs.schema import RewardConfig
-from env_pool.reward import apply_reward, drift
+from env_pool.reward import apply_reward, drift, stretch_drift
 from env_pool.trusted import verify
 from env_pool.trusted.verify import Variation, check_outputs
 from protocol.results import EvalResult, InputCheck, Milestone, Timing, Violation
@@ -29,6 +29,7 @@ def timed(eager: float, compiled: float, candidate: float, spread: float = 0.0) 
 def test_eval_result_round_trips_through_msgpack():
     result = timed(2.0, 1.5, 1.0)
     result.violations = [Violation("tamper", "torch.allclose was replaced")]
+    result.eager_recheck = rounds(2.1)
     again = EvalResult.unpack(result.pack())
     assert again == result and again.speedup_vs_eager == 2.0
 
@@ -77,6 +78,30 @@ def test_a_machine_whose_speed_shifted_within_the_rounds_gets_a_wider_interval()
     assert steady.milestone == Milestone.FASTER_THAN_COMPILE and steady.compile_interval[0] > 1.2
     assert drifted.milestone == Milestone.FASTER_THAN_EAGER, drifted.message  # 1.3x compile: not for sure
     assert drifted.compile_interval[0] <= 1.3 / 1.5 + 1e-3 and "widened by the 50%" in drifted.message, drifted.message
+
+
+def test_a_machine_whose_speed_moved_between_the_baselines_and_the_candidate_gets_a_wider_interval():
+    """The baselines cached from one stretch, the candidate timed in another: each steady, so
+    neither's own drift shows it. The eager baseline's recheck after the candidate's rounds does:
+    on the 2-core machine an argmax kernel got 'faster than torch.compile' in 2 of 10 separate
+    evaluations this way, and 'faster than eager' in the other 8."""
+    settled = timed(2.0, 1.3, 1.0)
+    settled.eager_recheck = rounds(2.02)  # 1% off: the medians' own noise
+    moved = timed(2.0, 1.3, 1.0)
+    moved.eager_recheck = rounds(2.8)  # the machine 40% slower by the candidate's stretch
+    apply_reward(settled, RewardConfig())
+    apply_reward(moved, RewardConfig())
+    assert stretch_drift(moved) == pytest.approx(0.4) and stretch_drift(timed(2.0, 1.3, 1.0)) == 0.0
+    assert settled.milestone == Milestone.FASTER_THAN_COMPILE, settled.message
+    assert moved.milestone == Milestone.FASTER_THAN_EAGER, moved.message  # 1.3x compile: not across stretches
+    assert "widened by the 40% the machine's speed moved between the baselines' rounds and yours" in moved.message
+    assert moved.eager_interval[0] > 1.0  # 2x eager survives it
+    # Twice as fast as when the baselines were cached: widening would scale eager's ratio back, not
+    # torch.compile's, so no speed is judged (and the worker times the baselines again).
+    stale = timed(2.0, 1.3, 1.0)
+    stale.eager_recheck = rounds(1.0)
+    apply_reward(stale, RewardConfig())
+    assert stale.milestone == Milestone.CORRECT and "speed not judged: the eager baseline ran 100% off" in stale.message
 
 
 def test_the_interval_is_the_same_for_the_same_rounds_and_absent_without_them():
