@@ -13,7 +13,9 @@ the candidate are timed in different stretches. Ten separate evaluations of one 
 then gave intervals against torch.compile from 0.72-0.85x to 1.66-2.16x, each sure of itself,
 and milestones 3 and 2 by turns. So the interval is widened by the drift each timing shows
 within its own phase (``drift``): a stretch that moved by d is no better evidence than that.
-And by the drift between them (``stretch_drift``): the harness times the eager baseline again
+The baselines' rounds come from two trusted servers in turn (env.baseline_servers), pooled
+in order, so a difference between the servers' processes is such a drift too. And by the drift
+between the baselines and the candidate (``stretch_drift``): the harness times the eager baseline again
 right after the candidate's rounds, and a baseline cached in a faster or slower stretch than
 the candidate's shows as the recheck's distance from it.
 """
@@ -28,11 +30,6 @@ import torch
 from configs.schema import RewardConfig
 from protocol.results import EvalResult, Milestone, Timing
 
-# The eager recheck this far from the eager timing the speedups use: the baselines were cached in
-# a stretch unlike the candidate's (or were disturbed past their plausibility check). Widening by
-# it would scale eager's ratio back but not torch.compile's, so no speed is judged, and the
-# worker (env_pool/evaluate.py) times the baselines again for the next evaluation.
-STALE_STRETCH = 0.5
 RESAMPLES = 2000  # bootstrap resamples of each pair of timings: the interval's ends move by under 1% between seeds
 DRIFT_PARTS = 3  # a phase's rounds split in this many stretches, in order, to see its drift
 
@@ -85,8 +82,6 @@ def milestone_of(result: EvalResult, cfg: RewardConfig) -> Milestone:
     """The highest milestone the result earns. Beating torch.compile also requires beating eager."""
     if result.failure is not None or not result.checks or not all(c.passed for c in result.checks):
         return Milestone.FAIL
-    if stretch_drift(result) > STALE_STRETCH:
-        return Milestone.CORRECT
     if not _clears(result.eager_interval, cfg.eager_margin):
         return Milestone.CORRECT
     if not _clears(result.compile_interval, cfg.compile_margin):
@@ -109,15 +104,14 @@ def reward_of(milestone: Milestone, cfg: RewardConfig) -> float:
 
 def apply_reward(result: EvalResult, cfg: RewardConfig) -> EvalResult:
     """The milestone and reward; the speedups' intervals recorded, and a note where a point
-    estimate would have claimed what its interval does not, or where no speed was judged."""
+    estimate would have claimed what its interval does not."""
     between = stretch_drift(result)
-    stale = between > STALE_STRETCH and result.failure is None
     for key, baseline, margin, name in (("eager_interval", result.eager, cfg.eager_margin, "eager"),
                                         ("compile_interval", result.compiled, cfg.compile_margin, "torch.compile")):
         interval = speedup_interval(baseline, result.candidate, cfg.confidence, between)
         setattr(result, key, [round(x, 4) for x in interval] if interval else [])
         point = baseline.median_ms / result.candidate.median_ms if baseline and result.candidate else None
-        if interval and point and point > 1.0 + margin and interval[0] <= 1.0 + margin and result.failure is None and not stale:
+        if interval and point and point > 1.0 + margin and interval[0] <= 1.0 + margin and result.failure is None:
             within = pair_drift(baseline, result.candidate)
             where = "within the rounds" if within >= between else "between the baselines' rounds and yours"
             moved = max(within, between)
@@ -125,11 +119,6 @@ def apply_reward(result: EvalResult, cfg: RewardConfig) -> EvalResult:
             note = (f"{point:.2f}x {name} is not a sure win: its {cfg.confidence:.0%} interval{widened} is "
                     f"{interval[0]:.2f}-{interval[1]:.2f}x, which must clear {1 + margin:.2f}x for the milestone")
             result.message = f"{result.message} {note}".strip()
-    if stale:
-        note = (f"speed not judged: the eager baseline ran {between:.0%} off its cached timing right after your rounds "
-                "(the machine's speed moved, or the cached baselines were disturbed); they are timed again for the next "
-                "evaluation")
-        result.message = f"{result.message} {note}".strip()
     result.milestone = milestone_of(result, cfg)
     result.reward = reward_of(result.milestone, cfg)
     return result

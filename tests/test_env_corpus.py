@@ -91,15 +91,16 @@ def test_legitimate_kernel_is_timed_against_both_baselines(pools, tasks, name: s
     assert result.failure is None, f"{name}: {result.failure}: {result.message}"
     # Every round is checked: the 5 correctness rounds, then 3 warm-up and 9 timed rounds.
     assert result.milestone >= Milestone.CORRECT and len(result.checks) == 5 + 3 + 9
-    for timing in (result.eager, result.compiled, result.candidate, result.eager_recheck):
-        assert timing is not None and timing.median_ms > 0 and timing.repetitions == 9
+    # The baselines pooled from env.baseline_servers (2) trusted servers; the recheck from one.
+    for timing, rounds in ((result.eager, 18), (result.compiled, 18), (result.candidate, 9), (result.eager_recheck, 9)):
+        assert timing is not None and timing.median_ms > 0 and timing.repetitions == rounds
 
 
-def test_baselines_cached_in_another_stretch_judge_no_speed_and_are_timed_again(tmp_path, tasks):
-    """A task's baselines cached while the machine ran ten times slower (a stretch of a loaded
+def test_baselines_cached_in_another_stretch_earn_no_speed_and_are_timed_again(tmp_path, tasks):
+    """A task's baselines cached while the machine ran a hundred times slower (a stretch of a loaded
     machine, or a disturbance their plausibility check missed) made every later candidate of the
-    task look ten times faster, for the worker's life. The eager baseline's recheck, right after
-    the candidate's rounds, shows the stretch: no speed is judged, and the cache is dropped."""
+    task look that much faster, for the worker's life. The eager baseline's recheck, right after
+    the candidate's rounds, shows the stretch: the intervals are widened by it, and the cache is dropped."""
     folder = CORPUS / "legit" / "matmul_tiled"
     task = tasks[json.loads((folder / "case.json").read_text())["task"]]
     pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 9, "warmup": 3, "infra_retries": 3, "pch_dir": ""})
@@ -109,7 +110,7 @@ def test_baselines_cached_in_another_stretch_judge_no_speed_and_are_timed_again(
     assert result.failure is None, f"{result.failure}: {result.message}"
     assert result.eager_recheck is not None and result.eager_recheck.median_ms < 100.0  # the machine as it is now
     assert result.speedup_vs_compile > 5  # what the cached baselines alone would have paid for
-    assert result.milestone == Milestone.CORRECT and "speed not judged: the eager baseline ran" in result.message, result.message
+    assert result.milestone == Milestone.CORRECT and result.eager_interval[0] < 1.0, result.message
     assert (task.id, "cpp") not in pool.ctx.baselines
 
 

@@ -27,6 +27,7 @@ class HarnessRequest:
     startup_cpus: tuple[int, ...]  # where waiting servers start up: the builds' CPUs
     warmup: int  # env.warmup: untimed rounds before the timed ones
     repetitions: int  # env.repetitions: timed rounds
+    baseline_servers: int  # env.baseline_servers: trusted servers the baselines are timed in, their rounds pooled
     eager_recheck: bool  # env.eager_recheck: time the eager baseline again after a full evaluation's candidate rounds
     correctness_inputs: int  # env.correctness_inputs: fresh input sets checked before the rest
     adversarial_inputs: bool  # env.adversarial_inputs: the extreme sets too

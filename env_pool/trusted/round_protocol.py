@@ -602,6 +602,13 @@ def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
                   samples_ms=[round(x, 6) for x in net])
 
 
+def pooled(parts: list[Timing]) -> Timing:
+    """One timing of several servers' rounds, in the order they ran (env_pool/reward.drift then
+    sees a difference between the servers as a drift across the rounds)."""
+    net = [x for part in parts for x in part.samples_ms]
+    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net), samples_ms=net)
+
+
 def above_protocol_noise(timing: Timing, staging_ns: list[int]) -> bool:
     """Whether a net time can be a kernel's, not an artefact of the protocol's own noise.
 
