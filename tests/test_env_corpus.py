@@ -13,6 +13,7 @@ from typing import Callable
 
 import pytest
 
+from configs.schema import EnvConfig
 from env_pool.build.compile import compile_kernel
 from env_pool.evaluate import Baseline
 from env_pool.pool import EnvPool
@@ -33,7 +34,8 @@ def cases(kind: str) -> list:
     return params
 
 
-PRODUCT_TIMING = {"baseline_servers": 2, "eager_recheck": True}  # the env config's defaults, over the pools' settings
+# The env config's own defaults for these two, over the pools' settings.
+PRODUCT_TIMING = {"baseline_servers": EnvConfig.baseline_servers, "eager_recheck": EnvConfig.eager_recheck}
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,7 @@ import struct
 import sys
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -557,7 +558,7 @@ def torch_round_ns(ledger: CodeLedger) -> float:
     return statistics.median(ledger.torch_rounds) if ledger.torch_rounds else 0.0
 
 
-def timed_torch_ns(ledger: CodeLedger, timed_ns: list[int]) -> float:
+def timed_torch_ns(ledger: CodeLedger, timed_ns: Sequence[int]) -> float:
     """The mean torch time of the timed rounds the timing's median rests on: those at or below it.
 
     ``timed_ns`` are the last rounds' times, in order. Torch in 5 of 9 timed rounds, faster than
@@ -572,7 +573,7 @@ def timed_torch_ns(ledger: CodeLedger, timed_ns: list[int]) -> float:
     return statistics.fmean(fast) if fast else 0.0
 
 
-def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, timed_ns: list[int] = ()) -> list[dict]:
+def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, timed_ns: Sequence[int] = ()) -> list[dict]:
     """Violations (guard dicts, as the server's guards report them) from a candidate phase's samples.
 
     Library code: above LIBRARY_SHARE of the samples, or above FLOOR_NS a round (padding the
@@ -597,7 +598,7 @@ def judge(ledger: CodeLedger, null: CodeLedger | None, torch_rule: bool = True, 
                               f"of its CPU time) ran in library code, not in your kernel: {top}. A library computing "
                               "for you is a fallback (SKILL.md): compute in your own kernel's code"})
     glue = torch_round_ns(null) if null is not None else 0.0
-    extra = max(torch_round_ns(ledger), timed_torch_ns(ledger, list(timed_ns)) if timed_ns else 0.0) - glue
+    extra = max(torch_round_ns(ledger), timed_torch_ns(ledger, timed_ns) if timed_ns else 0.0) - glue
     if torch_rule and extra > TORCH_FLOOR_NS + TORCH_SLACK * glue:
         top = ", ".join(f"{name} ({n * 100 // total}%)" for name, n in ledger.labels["torch"].most_common(2))
         out.append({"guard": "torch_fallback",
