@@ -13,7 +13,6 @@ from typing import Callable
 
 import pytest
 
-from configs.schema import EnvConfig
 from env_pool.build.compile import compile_kernel
 from env_pool.evaluate import Baseline
 from env_pool.pool import EnvPool
@@ -34,8 +33,8 @@ def cases(kind: str) -> list:
     return params
 
 
-# The env config's own defaults for these two, over the pools' settings.
-PRODUCT_TIMING = {"baseline_servers": EnvConfig.baseline_servers, "eager_recheck": EnvConfig.eager_recheck}
+# Two baselines servers and the eager recheck, over the pools' settings (both off by default).
+PRODUCT_TIMING = {"baseline_servers": 2, "eager_recheck": True}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +111,8 @@ def test_baselines_cached_in_another_stretch_earn_no_speed_and_are_timed_again(t
     the candidate's rounds, shows the stretch: the intervals are widened by it, and the cache is dropped."""
     folder = CORPUS / "legit" / "matmul_tiled"
     task = tasks[json.loads((folder / "case.json").read_text())["task"]]
-    pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 9, "warmup": 3, "infra_retries": 3, "pch_dir": ""})
+    pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 9, "warmup": 3, "infra_retries": 3, "pch_dir": "",
+                    **PRODUCT_TIMING})
     slow = Timing(median_ms=500.0, iqr_ms=5.0, repetitions=9, samples_ms=[495.0 + k for k in range(9)])
     pool.ctx.baselines[(task.id, "cpp")] = Baseline(eager=slow, compiled=slow)
     result = asyncio.run(pool.evaluate(task, files_of(folder), "full"))
