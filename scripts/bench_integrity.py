@@ -1,6 +1,6 @@
 """The environment's integrity on a GPU: the corpus's cuda verdicts and the timing's fidelity.
 
-    python scripts/bench_integrity.py --out DIR [--repeats 5] [--skip-corpus] [--skip-fidelity]
+    python scripts/bench_integrity.py --out DIR [--repeats 5] [--skip-corpus] [--skip-fidelity] [--env KEY=VALUE ...]
 
 Needs only torch (and triton for do_bench) beside the sources: the environment runs in this
 process as an EnvWorker would run it (no Ray). Writes DIR/integrity.json and each worker's harness
@@ -72,8 +72,8 @@ def run_corpus(work: Path, tasks: dict, only: list[str]) -> list[dict]:
     return rows
 
 
-def env_speedups(work: Path, task, files: dict, repeats: int) -> list[dict]:
-    ctx = context(work / "fidelity")
+def env_speedups(work: Path, task, files: dict, repeats: int, env: dict) -> list[dict]:
+    ctx = context(work / "fidelity", **env)
     out = []
     for _ in range(repeats):
         result = asyncio.run(evaluate(ctx, task, files, "full"))
@@ -82,6 +82,9 @@ def env_speedups(work: Path, task, files: dict, repeats: int) -> list[dict]:
         print(f"  {task.id}: {result.failure} {result.message[:200]!r} speedup {result.speedup_vs_eager} "
               f"({times}; {result.wall_s:.1f} s)", flush=True)  # which side moved, when the speedup disagrees with do_bench
         out.append({"failure": result.failure, "speedup": result.speedup_vs_eager, "wall_s": round(result.wall_s, 2),
+                    "milestone": int(result.milestone), "eager_interval": result.eager_interval,
+                    "compile_interval": result.compile_interval,
+                    "eager_recheck_ms": result.eager_recheck.median_ms if result.eager_recheck else None,
                     "candidate_ms": result.candidate.median_ms if result.candidate else None,
                     "eager_ms": result.eager.median_ms if result.eager else None,
                     "compiled_ms": result.compiled.median_ms if result.compiled else None})
@@ -133,16 +136,16 @@ def _kernelbench_ms(model, inputs, trials: int = 100) -> float:
 
 
 def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str], rows: list[dict],
-                 save: Callable[[], None]) -> None:
+                 save: Callable[[], None], env: dict) -> None:
     """Appends each kernel's row to ``rows`` and saves as it goes: a lease's call cut short keeps what ran."""
     for folder, case in load_cases("legit"):
         if case["backend"] != "cuda" or (only and folder.name not in only):
             continue
         task, files = tasks[case["task"]], files_of(folder)
-        env = env_speedups(work, task, files, repeats)
-        speeds = [e["speedup"] for e in env if e["speedup"]]
+        evals = env_speedups(work, task, files, repeats, env)
+        speeds = [e["speedup"] for e in evals if e["speedup"]]
         ind = independent(task, files, work)
-        row = {"kernel": folder.name, "env": env, "independent": ind}
+        row = {"kernel": folder.name, "env": evals, "independent": ind}
         if speeds:
             mid = statistics.median(speeds)
             row.update(median=mid, spread=(max(speeds) - min(speeds)) / mid,
@@ -160,6 +163,14 @@ def keep_harness_logs(work: Path, out: Path) -> None:
         (out / f"harness-{log.parent.relative_to(work).as_posix().replace('/', '-')}.log").write_bytes(log.read_bytes())
 
 
+def env_settings(pairs: list[str]) -> dict:
+    """--env's KEY=VALUE pairs, typed by EnvConfig (an unknown key or a bad value names itself)."""
+    from omegaconf import OmegaConf
+
+    typed = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(pairs))
+    return {pair.split("=", 1)[0]: typed[pair.split("=", 1)[0]] for pair in pairs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -168,7 +179,10 @@ def main() -> None:
     parser.add_argument("--skip-fidelity", action="store_true")
     parser.add_argument("--cases", nargs="*", default=[], help="corpus case names to run (default: every cuda case)")
     parser.add_argument("--kernels", nargs="*", default=[], help="legit cuda kernels to measure (default: all)")
+    parser.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="EnvConfig settings of the fidelity evaluations, e.g. eager_recheck=true baseline_servers=2")
     args = parser.parse_args()
+    env = env_settings(args.env)
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-integrity-", dir="/var/tmp"))
     tasks = {t.id: t for t in load_tasks()[0]}
@@ -182,20 +196,22 @@ def main() -> None:
         report["corpus"] = run_corpus(work, tasks, args.cases)
         save()
     if not args.skip_fidelity:
-        run_fidelity(work, tasks, args.repeats, args.kernels, report["fidelity"], save)
+        report["fidelity_env"] = env
+        run_fidelity(work, tasks, args.repeats, args.kernels, report["fidelity"], save, env)
     save()
     print("\ncase | verdict ok")
     for row in report["corpus"]:
         print(f"{row['case']} | {'ok' if row['ok'] else 'BAD'} ({row['failure']}, m={row['milestone']}{', hard' if row['hard'] else ''})")
-    print("\nkernel | env speedups | spread | do_bench | kernelbench | env vs do_bench | env vs kernelbench")
+    print("\nkernel | env speedups | milestones | spread | do_bench | kernelbench | env vs do_bench | env vs kernelbench")
     for row in report["fidelity"]:
         speeds = ", ".join(f"{e['speedup']:.3f}" if e["speedup"] else str(e["failure"]) for e in row["env"])
         if "median" in row:
             ind = row["independent"]
-            print(f"{row['kernel']} | {speeds} | {row['spread']:.1%} | {ind['do_bench']:.3f} | {ind['kernelbench']:.3f} | "
+            marks = " ".join(str(e["milestone"]) for e in row["env"])
+            print(f"{row['kernel']} | {speeds} | {marks} | {row['spread']:.1%} | {ind['do_bench']:.3f} | {ind['kernelbench']:.3f} | "
                   f"{row['vs_do_bench']:+.1%} | {row['vs_kernelbench']:+.1%}")
         else:
-            print(f"{row['kernel']} | {speeds} | - | - | - | - | -")
+            print(f"{row['kernel']} | {speeds} | - | - | - | - | - | -")
 
 
 if __name__ == "__main__":

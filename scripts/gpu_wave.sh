@@ -12,8 +12,12 @@
 #   corpus    every cuda corpus case, in the sized tasks (scripts/bench_integrity.py; issue 31)
 #   learn     the learning check on the GPU, synchronous (issue 33)
 #   fidelity  five evaluations of each legit cuda kernel against do_bench and KernelBench's loop (issue 34)
-#   synth     20 synthesised tasks on the cuda window (issue 36; 4 workers screened 59 candidates in
-#             420 s on an H100, 47 of them out of memory before the screens had a memory share)
+#   synth     10 synthesised tasks on the cuda window (issue 36; 4 workers screened 59 candidates in
+#             420 s on an H100, 47 of them out of memory before the screens had a memory share), stopped
+#             as Ctrl-C stops it at its limit, so its report.json is written either way
+#   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
+#   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
+#             server's extra host time the sampler's interrupts?)
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
@@ -69,8 +73,12 @@ queue() {
       learn) learn_check learn-sync ;;
       fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 \
                   --kernels gelu_cuda linear_relu_cublas_paper_cuda ;;  # the server's split of the gap; all eleven: ~20 min
-      synth) step synth 900 python3 -m launch.cli synth synth.backend=cuda synth.tasks=20 synth.workers=4 \
+      synth) step synth 600 timeout -s INT -k 60 480 python3 -m launch.cli synth synth.backend=cuda synth.tasks=10 synth.workers=4 \
                synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
+      recheck) step recheck 600 python3 scripts/bench_integrity.py --out "$WAVE/recheck" --skip-corpus --repeats 5 \
+                 --kernels gelu_cuda linear_relu_cublas_paper_cuda --env eager_recheck=true baseline_servers=2 ;;
+      nosampler) step nosampler 600 python3 scripts/bench_integrity.py --out "$WAVE/nosampler" --skip-corpus --repeats 5 \
+                   --kernels gelu_cuda linear_relu_cublas_paper_cuda --env code_sampling=false ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
@@ -93,7 +101,7 @@ case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
   # done in the lease of 2026-11-27 10:24 (name them to redo them): size, paper, corpus, learn, async
-  [ $# -gt 0 ] || set -- synthtest synth seeds fidelity
+  [ $# -gt 0 ] || set -- synthtest synth nosampler recheck
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
