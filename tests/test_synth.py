@@ -85,6 +85,21 @@ def test_the_batch_is_sized_to_the_window_where_it_is_measured(catalogue):
     assert presets["cpp"]["batch_size"] == batch and presets["cuda"]["batch_size"] > batch
 
 
+def test_a_chain_too_cheap_to_reach_its_target_is_sized_to_the_element_cap_not_past_it(monkeypatch):
+    # On an H100 a cheap chain's doubling ran out of steps before the target (16 of them), and the
+    # caps were scaled from a batch twice the one measured: screens out of memory, sizes at 1 ms.
+    import torch
+
+    from tasks.synth import compose as composing
+
+    monkeypatch.setitem(composing.MAX_ELEMENTS, "cpu", 1 << 22)
+    measured, eager_ms = [], composing._eager_ms
+    monkeypatch.setattr(composing, "_eager_ms", lambda model, x: measured.append(x.shape[0]) or eager_ms(model, x))
+    batch, ms = composing._sized_batch(torch.nn.Hardtanh(), (64,), 1e9, "cpu")  # time grows with the batch
+    assert max(measured) * 64 <= 1 << 22, measured  # the old caps took it to 128,262 rows (8.2M elements)
+    assert max(measured) > 1 << 15 and batch in measured and ms > 0, measured  # 2^15: the old loop's last doubling
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_batch_fits_the_screens_share_of_memory(catalogue):
     import torch

@@ -34,6 +34,7 @@ MAX_ELEMENTS = {"cpu": 1 << 26, "cuda": 1 << 29}
 # run of 2026-11-27, 4 workers: 47 of 59 candidates failed their screen out of memory, one worker's
 # cache holding 58 GiB).
 SCREEN_MEMORY_FACTOR = 6
+DOUBLINGS = 40  # more than MAX_ELEMENTS allows: the element cap, not this count, ends a cheap chain's doubling
 SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
 SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
 CUDA_BATCH_FACTOR = 16  # the cuda preset's batch over the cpp one: a GPU runs the same chain ~10-100x faster
@@ -205,13 +206,19 @@ def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float,
     """(the batch whose eager forward takes about ``target`` ms, the time measured at it)."""
     tried: dict[int, float] = {}  # batch -> its measured ms
     batch = 1
-    for _ in range(16):  # doubled until a call takes a quarter of the target, then scaled
+    for _ in range(DOUBLINGS):  # doubled until a call takes a quarter of the target or the next would not fit, then scaled
         x = torch.randn(batch, *sample, device=device)
         ms, y = _eager_ms(model, x)
         tried[batch] = ms
         if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS[device]:
             break
+        if memory_bytes and x.is_cuda and 2 * _peak_bytes(model, x) > memory_bytes / SCREEN_MEMORY_FACTOR:
+            break  # the next doubling's forward would take more than the screen's share allows
         batch *= 2
+    # The batch last measured: a loop that ran out of doublings had doubled past it, and the caps
+    # below, scaled from it, came out twice too large (on an H100, where 16 doublings could not
+    # reach a cheap chain's target, screens went out of memory and sizes stopped at 1 ms).
+    batch = x.shape[0]
     cap = max(1, int(MAX_ELEMENTS[device] // max(max(x.numel(), y.numel()) / batch, 1)))
     if memory_bytes and x.is_cuda:
         cap = min(cap, max(1, int(memory_bytes / SCREEN_MEMORY_FACTOR * batch / _peak_bytes(model, x))))
