@@ -14,6 +14,7 @@ correct kernel, which sums in its own order, cannot fail it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 import itertools
 import statistics
 import time
@@ -144,7 +145,9 @@ def screen_task(
     if not low <= result.eager_ms <= high:
         result.fail("window", f"eager time {result.eager_ms:.2f} ms is outside [{low}, {high}] ms")
     if try_compile and not result.problems:  # the slow check last, and only for a task that passed the rest
-        why = _compiles(model, [make(k) for k in range(input_sets)] if stable else [inputs_a], tolerances)
+        # One set at a time: five sets held at once took a single-operator task's screen on an H100
+        # out of its share of GPU memory (synth's workers, 2026-11-27).
+        why = _compiles(model, (make(k) for k in range(input_sets)) if stable else [inputs_a], tolerances)
         result.compile_ok = not why
         if why:
             result.fail("compile", f"torch.compile fails or disagrees with eager: {why}")
@@ -193,17 +196,23 @@ def _disagreement(model: torch.nn.Module, inputs: list, expected: list[torch.Ten
     return []
 
 
-def _compiles(model: torch.nn.Module, sets: list[list], tolerances) -> str:
-    """Why torch.compile's model fails or disagrees with eager on one of ``sets``; empty when it agrees on all."""
+def _compiles(model: torch.nn.Module, sets: Iterable[list], tolerances) -> str:
+    """Why torch.compile's model fails or disagrees with eager on one of ``sets``; empty when it agrees on all.
+
+    ``sets`` may be made as they are asked for: each is let go before the next is made."""
     try:
         compiled = torch.compile(model)
     except Exception as err:
         return f"{type(err).__name__}: {err}"[:300]
-    for k, inputs in enumerate(sets):
+    made = iter(sets)
+    for k in itertools.count():  # not enumerate: its recycled result tuple holds the last set while the next is made
+        inputs = next(made, None)
+        if inputs is None:
+            return ""
         why = _disagreement(compiled, inputs, _outputs(model, inputs), tolerances, "under torch.compile")
+        del inputs
         if why:
             return f"on set {k}: {why[0]}"[:300]
-    return ""
 
 
 def _to(value, device: str):

@@ -100,6 +100,34 @@ def test_a_chain_too_cheap_to_reach_its_target_is_sized_to_the_element_cap_not_p
     assert max(measured) > 1 << 15 and batch in measured and ms > 0, measured  # 2^15: the old loop's last doubling
 
 
+def test_the_compile_check_holds_one_input_set_at_a_time():
+    # Five sets held at once took a single operator's screen out of its GPU memory share (an H100).
+    import gc
+    import weakref
+
+    import torch
+
+    from tasks.screen import _compiles
+
+    alive = []
+
+    def fresh() -> list:
+        x = torch.randn(8, 16)
+        made.append(weakref.ref(x))
+        return [x]
+
+    def sets():  # as the screen makes them: nothing here holds a set once it is handed out
+        for _ in range(3):
+            gc.collect()
+            alive.append(sum(ref() is not None for ref in made))
+            yield fresh()
+
+    made: list = []
+    tolerances = lambda dtype: (1e-4, 1e-4)  # noqa: E731
+    assert _compiles(torch.nn.Tanh(), sets(), tolerances) == ""
+    assert alive == [0, 0, 0], alive
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_batch_fits_the_screens_share_of_memory(catalogue):
     import torch

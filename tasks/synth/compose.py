@@ -32,8 +32,10 @@ MAX_ELEMENTS = {"cpu": 1 << 26, "cuda": 1 << 29}
 # forward (twice it), the outputs of the input sets it compares, torch.compile's buffers. A batch
 # whose forward peaks above the worker's share over this factor is cut down to fit (an H100's synth
 # run of 2026-11-27, 4 workers: 47 of 59 candidates failed their screen out of memory, one worker's
-# cache holding 58 GiB).
-SCREEN_MEMORY_FACTOR = 6
+# cache holding 58 GiB). For one pointwise operator (a forward's peak: its input and output) a set's
+# float64 check alone holds about five peaks (both in float64, the comparison's temporaries) beside
+# the first set's: at 6, 2 of 18 candidates of the H100 run after the sizing fix still ran out.
+SCREEN_MEMORY_FACTOR = 8
 DOUBLINGS = 40  # more than MAX_ELEMENTS allows: the element cap, not this count, ends a cheap chain's doubling
 SIZE_ROUNDS = 6  # measurements at the chosen batch, each rescaling it toward the target
 SIZE_SLACK = 1.5  # a batch whose time is within this factor of the target is kept
