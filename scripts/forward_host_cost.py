@@ -1,0 +1,100 @@
+"""The host time of one forward on a GPU, eager against a candidate: plain, under the fallback
+detector, with the guards armed; back to back and after an idle gap (as a round starts).
+
+    python scripts/forward_host_cost.py        # on a GPU machine, from the project root; writes $OUT/diag.json
+
+Issue 34's fidelity gap: in a round the candidate's forward took 0.57 ms of host time to eager's
+0.15 (gelu_cuda on level1/01_gelu, an H100). This says how much of it the detector and the guards
+cost, and how much an idle CPU's cold start. A benchmark: it measures and asserts nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from env_pool.build.compile import compile_kernel  # noqa: E402
+from env_pool.candidate import guards  # noqa: E402
+from env_pool.shared.arena import Arena  # noqa: E402
+from tasks.loader import load_tasks  # noqa: E402
+from tasks.solution import write_solution  # noqa: E402
+from tasks.task import build_problem  # noqa: E402
+from tests.corpus_cases import CORPUS, files_of  # noqa: E402
+
+CASE, TASK = "legit/gelu_cuda", "level1/01_gelu"
+CALLS, SKIPPED = 60, 5  # calls per condition; the first few are left out of the medians
+GAPS_S = (0.0, 0.02)  # back to back, and idle for about as long as a round's staging and freeze
+
+
+def candidate_model(work: Path) -> torch.nn.Module:
+    files = files_of(CORPUS / CASE)
+    built = compile_kernel(files, "cuda", work / "kernels")
+    folder = work / "solution"
+    folder.mkdir()
+    write_solution(folder, files)
+    (folder / "kernel.so").write_bytes(Path(built.library).read_bytes())
+    spec = importlib.util.spec_from_file_location("model_new", folder / "model_new.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ModelNew().cuda().eval()
+
+
+def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, around: Callable, gap_s: float) -> dict:
+    """Medians of one forward's host time (its return) and its total (device synced), in ms."""
+    host, total = [], []
+    for call in range(CALLS):
+        time.sleep(gap_s)
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        with torch.no_grad(), around(), arena.allocating():
+            y = model(x)
+        returned = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        synced = time.perf_counter_ns()
+        del y
+        if call >= SKIPPED:
+            host.append((returned - start) / 1e6)
+            total.append((synced - start) / 1e6)
+    return {"host_ms": round(statistics.median(host), 4), "total_ms": round(statistics.median(total), 4)}
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp())
+    problem = build_problem({t.id: t for t in load_tasks()[0]}[TASK], "cuda")
+    models = {"eager": problem.model_cls(*problem.get_init_inputs()).cuda().eval(), "candidate": candidate_model(work)}
+    torch.manual_seed(1)
+    x = problem.get_inputs()[0].cuda()
+    memory = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")  # the round's arena, as a server has one
+    arena = Arena(memory.data_ptr(), memory.numel())
+    plain = guards.GuardState(Path.cwd(), ())
+    rows = {}
+
+    def measure(name: str, model: torch.nn.Module, around: Callable, gap_s: float) -> None:
+        rows[name] = host_and_total_ms(model, x, arena, around, gap_s)
+        print(name, rows[name], flush=True)
+
+    for gap in GAPS_S:
+        for name, model in models.items():
+            measure(f"{name} plain gap{gap}", model, contextlib.nullcontext, gap)
+            measure(f"{name} detector gap{gap}", model, lambda: guards.FallbackDetector(plain), gap)
+    armed = guards.install(work / "scratch")  # the audit hook and import blocker, as a candidate's server arms them
+    armed.armed = True
+    for gap in GAPS_S:
+        measure(f"candidate detector+armed gap{gap}", models["candidate"], lambda: guards.FallbackDetector(armed), gap)
+    armed.armed = False
+    (Path(os.environ.get("OUT", work)) / "diag.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
