@@ -17,7 +17,9 @@
 #             as Ctrl-C stops it at its limit, so its report.json is written either way
 #   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
 #   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
-#             server's extra host time the sampler's interrupts?)
+#             server's extra host time the sampler's interrupts? It was not, 2026-11-27)
+#   hostcost  one forward's host time under the fallback detector and the guards, back to back and
+#             after idle (scripts/forward_host_cost.py; issue 34)
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
@@ -79,6 +81,7 @@ queue() {
                  --kernels gelu_cuda linear_relu_cublas_paper_cuda --env eager_recheck=true baseline_servers=2 ;;
       nosampler) step nosampler 600 python3 scripts/bench_integrity.py --out "$WAVE/nosampler" --skip-corpus --repeats 5 \
                    --kernels gelu_cuda linear_relu_cublas_paper_cuda --env code_sampling=false ;;
+      hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
@@ -100,8 +103,9 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  # done in the lease of 2026-11-27 10:24 (name them to redo them): size, paper, corpus, learn, async
-  [ $# -gt 0 ] || set -- synthtest synth nosampler recheck
+  # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async, seeds,
+  # synthtest, synth, nosampler, recheck
+  [ $# -gt 0 ] || set -- hostcost fidelity
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
