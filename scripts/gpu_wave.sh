@@ -103,7 +103,7 @@ pack() {  # what is done, small files only (checkpoints and model copies stay be
 case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
-  # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async, seeds,
+  # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async,
   # synthtest, synth, nosampler, recheck
   [ $# -gt 0 ] || set -- hostcost fidelity
   mkdir -p "$WAVE"
