@@ -20,8 +20,10 @@ from tasks.task import build_problem
 
 KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
 needs_kernelbench = pytest.mark.skipif(not (KERNELBENCH / "level1").is_dir(), reason="KernelBench is not in ../shared/kernelbench")
-# The problems the known pairs are scored against: the four copies issue 36 found accepted, and a level-2 chain.
+# The problems the known pairs are scored against: the four copies issue 36 found accepted, the two
+# fused operators a 200-task run accepted against their written-out formulas, and a level-2 chain.
 KNOWN = ("level1/22_Tanh", "level1/32_HardTanh", "level1/88_MinGPTNewGelu", "level1/47_Sum_reduction_over_a_dimension",
+         "level1/25_Swish", "level1/30_Softsign",
          "level2/1_Conv2D_ReLU_BiasAdd")
 
 
@@ -56,6 +58,9 @@ def tokens(candidate: Candidate) -> list[str]:
     (["F.hardtanh"], "level1/32_HardTanh"),  # other bounds (-0.5, 0.5) than the problem's: the same kernel
     (["transformers.NewGELUActivation"], "level1/88_MinGPTNewGelu"),  # transformers' copy of MinGPT's formula
     (["torch.sum"], "level1/47_Sum_reduction_over_a_dimension"),  # over another dim of another rank
+    (["F.silu"], "level1/25_Swish"),  # fused, where the problem writes x * torch.sigmoid(x)
+    (["transformers.SiLUActivation"], "level1/25_Swish"),
+    (["nn.Softsign"], "level1/30_Softsign"),  # fused, where the problem writes x / (1 + torch.abs(x))
 ])
 def test_single_operator_copies_of_kernelbench_problems_are_flagged(ops, known, names, copied):
     nearest = known.nearest(tokens(chain_of(names, ops)))
@@ -101,6 +106,25 @@ def test_the_trace_is_the_computation_not_its_spelling():
     assert trace("x.sum(dim=-1)") == ["sum"] and trace("x.sum()") == ["sum:all"]  # the key argument: reduced over what
     assert trace("torch.bmm(x[None], x.t()[None])") == ["matmul"]
     assert trace("torch.max(x, torch.tanh(x))") == ["tanh", "maximum"] and trace("x.max(dim=1).values") == ["max"]
+    assert trace("F.silu(x)") == trace("x * torch.sigmoid(x)") == ["sigmoid", "mul"]  # a fused operator is its formula
+    assert trace("F.mish(x)") == trace("x * torch.tanh(F.softplus(x))") == ["softplus", "tanh", "mul"]
+
+
+def test_the_same_computation_on_other_shapes_is_a_duplicate_of_the_accepted_one(ops, tmp_path):
+    # A 200-task run accepted sinh on a flat input and sinh on an image: one kernel to write.
+    flat = chain_of(["torch.sinh"], ops)
+    image = chain_of(["torch.sinh"], ops, layout="image", sample=(8, 16, 16), seed=1)
+    other = chain_of(["torch.sinh", "torch.tanh"], ops, seed=2)
+    run = SynthRun(tmp_path, 0.9, None)
+    assert run.precheck(0, flat) is None
+    accepted = run.finish(0, flat, ScreenResult(flat.id, "cpp", eager_ms=5.0))
+    assert accepted["stage"] == "accepted"
+    run.record(accepted)
+    row = run.precheck(1, image)
+    assert row["stage"] == "duplicate" and row["closest"] == flat.id and "(sinh)" in row["reason"], row
+    assert run.precheck(2, other) is None  # another computation
+    # ... and so after a restart, the accepted one's trace read back from the manifest
+    assert SynthRun(tmp_path, 0.9, None).precheck(1, image)["stage"] == "duplicate"
 
 
 @needs_kernelbench

@@ -3,7 +3,7 @@
 Stages, in order (each candidate ends in exactly one, recorded as one manifest row):
 - ``compose``: no chain could be built from the seed;
 - ``static``: it does not parse, lacks an entry point, or calls something stochastic;
-- ``duplicate``: its normalised AST equals an accepted task's;
+- ``duplicate``: its normalised AST, or its traced computation (tasks/synth/trace.py), equals an accepted task's;
 - ``near_duplicate``: its AST similarity to an accepted task is at or above the threshold;
 - ``contamination``: its traced computation equals or contains a KernelBench problem's, scoring
   at or above the threshold (tasks/synth/contamination.py; the row names the closest problem);
@@ -51,13 +51,14 @@ class SynthRun:
         self.kernelbench = kernelbench
         self.accepted = SimilarityIndex(duplicate_similarity)
         self.exact: set[str] = set()
+        self.computations: dict[tuple[str, ...], str] = {}  # an accepted task's trace -> its id
         self.rows = read_records(self.manifest)
         self.writer = RecordWriter(self.manifest)  # appended row by row, a torn last row cut off first
         self.seeds = {row["seed"] for row in self.rows}
         for row in self.rows:
             path = self.task_dir / f"{Path(row.get('id', '')).name}.py"
             if row["stage"] == "accepted" and path.exists():
-                self._index(row["id"], path.read_text())
+                self._index(row["id"], path.read_text(), row.get("trace"))
 
     @property
     def accepted_count(self) -> int:
@@ -75,7 +76,10 @@ class SynthRun:
         copy = self._copy_of(candidate.source)
         if copy:
             return {**row, **copy}
-        screened = self._contamination(candidate)
+        screened = self._traced(candidate)
+        copy = self._same_computation(screened.get("trace"))
+        if copy:
+            return {**row, **screened, **copy}
         if screened.get("score", 0.0) >= self.contamination_score:
             return {**row, **screened, "stage": "contamination",
                     "reason": f"its traced computation scores {screened['score']:.2f} against KernelBench "
@@ -83,16 +87,26 @@ class SynthRun:
         candidate.provenance.update(screened)  # carried to the screen's row and the task's provenance
         return None
 
-    def _contamination(self, candidate: Candidate) -> dict:
-        """The candidate's trace and nearest KernelBench problem (empty without KernelBench, or when it does not trace)."""
-        if self.kernelbench is None or not len(self.kernelbench):
-            return {}
+    def _traced(self, candidate: Candidate) -> dict:
+        """The candidate's trace, and its nearest KernelBench problem when KernelBench was given (only an
+        error when it does not trace)."""
         try:
             tokens = trace_problem(build_problem(task_of(candidate), "cpp"))
         except Exception as err:  # noqa: BLE001 - a program that cannot run is the screen's to reject, with its reason
             return {"trace_error": f"{type(err).__name__}: {str(err)[:200]}"}
+        if self.kernelbench is None or not len(self.kernelbench):
+            return {"trace": tokens}
         nearest = self.kernelbench.nearest(tokens)
         return {"trace": tokens, "closest": nearest.problem, "score": round(nearest.score, 3)}
+
+    def _same_computation(self, trace: list[str] | None) -> dict | None:
+        """A duplicate's stage and reason when an accepted task's trace is ``trace``: the same operators
+        on other shapes (sinh on a flat input and on an image, in a 200-task run) are one kernel to write."""
+        twin = self.computations.get(tuple(trace)) if trace is not None else None
+        if twin is None:
+            return None
+        return {"stage": "duplicate", "closest": twin,
+                "reason": f"the same traced computation ({' '.join(trace) or 'none'}) as accepted {twin}"}
 
     def finish(self, seed: int, candidate: Candidate, screen: ScreenResult) -> dict:
         """The row of a screened candidate: accepted (and written) unless the screen or a twin accepted meanwhile says no."""
@@ -103,7 +117,8 @@ class SynthRun:
                "eager_ms": screen.eager_ms, **facts}
         if screen.problems:
             return {**row, "stage": "screen", "filters": screen.filters, "reason": "; ".join(screen.problems)}
-        copy = self._copy_of(candidate.source)  # a twin screened at the same time may have been accepted first
+        # a twin screened at the same time may have been accepted first
+        copy = self._copy_of(candidate.source) or self._same_computation(candidate.provenance.get("trace"))
         if copy:
             return {**row, **copy}
         name = Path(candidate.id).name
@@ -111,7 +126,7 @@ class SynthRun:
         (self.task_dir / f"{name}.json").write_text(json.dumps(
             {**candidate.provenance, "categories": row["categories"], "eager_ms": screen.eager_ms,
              "distinct": [round(d, 4) for d in screen.distinct]}, indent=1))
-        self._index(candidate.id, candidate.source)
+        self._index(candidate.id, candidate.source, candidate.provenance.get("trace"))
         return {**row, "stage": "accepted"}
 
     def record(self, row: dict) -> None:
@@ -142,9 +157,11 @@ class SynthRun:
                     "reason": f"{hit[1]:.2f} AST-similar to accepted {hit[0]}"}
         return None
 
-    def _index(self, task_id: str, source: str) -> None:
+    def _index(self, task_id: str, source: str, trace: list[str] | None) -> None:
         self.exact.add(exact_key(source))
         self.accepted.add(task_id, source)
+        if trace is not None:
+            self.computations.setdefault(tuple(trace), task_id)
 
 
 def task_of(candidate: Candidate) -> Task:

@@ -16,7 +16,8 @@ is run again on the CPU.
 Each operator is a token: its name with aliases folded (``__rmul__``, ``mul_``, ``multiply``
 are ``mul``; ``mm``, ``bmm`` and ``@`` are ``matmul``) and the key arguments that change what a
 kernel must do, not its sizes: a reduction over some dims or over all of them (``sum:all``),
-a grouped convolution (``conv2d:grouped``). Shape and layout calls (view, permute, size,
+a grouped convolution (``conv2d:grouped``). A fused operator that is a short formula of others
+(``silu``, ``mish``, ``softsign``) is traced as that formula. Shape and layout calls (view, permute, size,
 contiguous, dropout in eval...) and factories (zeros, randn) are not computation and are left out.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-TRACE_VERSION = 3  # bumped when the tokens change: KernelBench's cached traces are keyed by it
+TRACE_VERSION = 4  # bumped when the tokens change: KernelBench's cached traces are keyed by it
 
 # Calls that move, view or describe data, or make it from nothing: no kernel worth writing.
 LAYOUT = {
@@ -53,6 +54,14 @@ ALIASES = {
     # function that calls addmm (a test suite's process that ran it first traced Linear so).
     "addmm": "linear",
 }
+# Fused operators that KernelBench writes out as their formula: traced as the formula's operators,
+# so that both spellings meet (F.silu against level1/25_Swish's x * torch.sigmoid(x): a 200-task
+# synth run accepted a one-operator silu task at score 0).
+COMPOSITES = {
+    "silu": ("sigmoid", "mul"),  # x * sigmoid(x)
+    "mish": ("softplus", "tanh", "mul"),  # x * tanh(softplus(x))
+    "softsign": ("abs", "add", "div"),  # x / (1 + |x|)
+}
 # Operators whose key argument is the dims they reduce over: over some (the usual) or over all of them.
 REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "std", "var", "norm", "logsumexp", "argmax",
               "argmin", "all", "any", "nansum", "nanmean", "median"}
@@ -70,7 +79,7 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         token = token_of(func, args, kwargs)
         if token:
-            self.tokens.append(token)
+            self.tokens.extend(COMPOSITES.get(token, (token,)))
         return func(*args, **kwargs)
 
 
