@@ -308,6 +308,7 @@ class SynthConfig:
     trace_cache: str = "~/.cache/cuda-agent/kernelbench_traces.json"  # launch/synth.py: KernelBench's operator traces, kept by each problem's text and the torch version (tracing level 3 takes minutes); "": traced every run
     input_sets: int = 5  # launch/synth.py: fresh sets of a candidate's own inputs its outputs are checked on: finite, told from zeros, a constant and its inputs beyond tolerance, stable (tasks/synth/filters.py; the verifier's env.correctness_inputs)
     min_distinct: float = 0.05  # launch/synth.py: the lowest share of distinct values an output may take on a set (a chain ending in sign() takes two); 0: not checked
+    min_spread: float = 10.0  # launch/synth.py: the fewest tolerance widths (atol + rtol * |median|) the middle 98% of an output's values may span on a set (cos of a softmax spanned 2.4: nearly constant at the verifier's tolerance); 0: not checked
     stable: bool = True  # launch/synth.py: the reference must agree within its tolerance with its float64 twin (and with torch.compile, when tried) on every set, so a correct kernel cannot fail it (tasks/screen.py)
     target_ms: float = 0.0  # launch/synth.py: the eager time each candidate's batch is sized for (tasks/synth/compose.py sized); 0: the window's geometric middle (10 ms of 1-100)
     workers: int = 2  # launch/synth.py: Ray workers that run the dynamic filters (one CPU each; on the cuda backend one GPU share each); 0: in this process, without Ray

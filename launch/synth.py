@@ -81,6 +81,8 @@ def check_settings(s) -> None:
             raise ConfigError(f"synth.{name}={getattr(s, name)}: a similarity in (0, 1], e.g. {example}")
     if not 0 <= float(s.min_distinct) < 1:
         raise ConfigError(f"synth.min_distinct={s.min_distinct}: a share in [0, 1), e.g. 0.05")
+    if float(s.min_spread) < 0:
+        raise ConfigError(f"synth.min_spread={s.min_spread}: a number of tolerance widths, 0 or more, e.g. 10")
     if int(s.input_sets) < 2:
         raise ConfigError(f"synth.input_sets={s.input_sets}: at least 2 (the environment's env.correctness_inputs is 5)")
 
@@ -103,7 +105,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
         console.print(f"[yellow]KernelBench not found at {kb_root}: the contamination screen is skipped "
                       "(set synth.kernelbench_dir)[/yellow]")
     run = SynthRun(out, float(s.duplicate_similarity), kernelbench, float(s.contamination_score))
-    demands = Demands(int(s.input_sets), bool(s.stable), float(s.min_distinct))
+    demands = Demands(int(s.input_sets), bool(s.stable), float(s.min_distinct), float(s.min_spread))
     console.print(f"{len(ops)} operators ({len(excluded)} excluded: {out / 'catalogue.json'}); "
                   f"{run.accepted_count} task(s) already accepted in {out}")
     screener = _Screener(cfg, out, backend)
@@ -119,7 +121,7 @@ def run_synth(cfg, progress: bool = True, console: Console | None = None) -> dic
                            "kernelbench_screen": str(kb_root) if len(kernelbench) else "skipped: not found",
                        "kernelbench_traced": len(kernelbench), "kernelbench_untraced": kernelbench.untraced,
                        "contamination_score": float(s.contamination_score), "input_sets": int(s.input_sets),
-                       "min_distinct": float(s.min_distinct), "stable": bool(s.stable), "try_compile": bool(s.try_compile),
+                       "min_distinct": float(s.min_distinct), "min_spread": float(s.min_spread), "stable": bool(s.stable), "try_compile": bool(s.try_compile),
                        "target_ms": float(s.target_ms) or round((window[0] * window[1]) ** 0.5, 3),
                            "task_folder": str(run.task_dir)})
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 CHUNK = 1 << 26  # elements reduced at once: a 6 GiB output's tolerance made whole would double the memory it needs
+SPREAD_SHARE = 0.98  # the middle share of an output's values whose span is measured in tolerance widths
 PROBES = 1 << 16  # positions of an output compared across sets (a fixed answer, computed once, passes if none moves)
 SPECIAL_SHARE = 0.05  # of the elements each special value takes in the "special" transform
 
@@ -103,6 +104,7 @@ class _OutputState:
     moves: bool = False  # some later set differs there beyond the tolerance: no fixed answer passes
     nonfinite_sets: int = 0  # sets on which the output holds a NaN or an infinity
     distinct: float = 1.0  # the lowest share of distinct values among its PROBES positions, over the sets
+    spread: float = float("inf")  # the fewest tolerance widths its probed values' middle SPREAD_SHARE spans, over the sets
 
 
 @dataclass
@@ -115,6 +117,7 @@ class Discrimination:
     skipped: list[str] = field(default_factory=list)  # transforms whose reference was not finite, with why
     nonfinite: list[str] = field(default_factory=list)  # outputs with a NaN or Inf on some of the task's own sets
     distinct: list[float] = field(default_factory=list)  # per output, the lowest share of distinct probed values over the sets
+    spread: list[float] = field(default_factory=list)  # per output, the fewest tolerance widths its values span over the sets
 
     @property
     def ok(self) -> bool:
@@ -148,6 +151,7 @@ class Tracker:
             # A few values taken again and again (a sign, a clamp's bounds) leave a kernel little to compute:
             # a chain ending in sign() took only +-1, 98.6% of them the sign of one bias (issue 36).
             state.distinct = min(state.distinct, torch.unique(probe).numel() / max(1, probe.numel()))
+            state.spread = min(state.spread, _tolerance_widths(probe, atol, rtol))
             if state.first is None:
                 state.first = probe
             elif not state.moves:
@@ -164,6 +168,10 @@ class Tracker:
     def distinct_shares(self) -> list[float]:
         """Per output, the lowest share of distinct values over the sets (1.0: every probed value differs)."""
         return [state.distinct for state in self.outputs or []]
+
+    def spreads(self) -> list[float]:
+        """Per output, the fewest tolerance widths its values' middle spans over the sets (inf: not a float output)."""
+        return [state.spread for state in self.outputs or []]
 
     def _where(self, k: int) -> str:
         return f"output {k}" if len(self.outputs or []) > 1 else "the output"
@@ -210,11 +218,25 @@ def plan(run: Callable[[list[Any]], list[torch.Tensor]], make: Callable[[], list
         tracker.add(inputs, outputs)
         result.needed.append(name)
     result.trivial = tracker.trivial()
-    result.nonfinite, result.distinct = tracker.nonfinite(), tracker.distinct_shares()
+    result.nonfinite, result.distinct, result.spread = tracker.nonfinite(), tracker.distinct_shares(), tracker.spreads()
     if {"shift", "sign_flip"} & set(result.needed) and all(
             bool(torch.isfinite(o).all()) for o in run(transform_inputs(SPARSE_SIGN, make(), seed + 7)) if o.is_floating_point()):
         result.guards.append(SPARSE_SIGN)
     return result
+
+
+def _tolerance_widths(probe: torch.Tensor, atol: float, rtol: float) -> float:
+    """How many tolerance widths (atol + rtol * |median|) the middle SPREAD_SHARE of the values spans.
+
+    Few: the output is nearly one value at the verifier's tolerance, a constant misses it only at
+    its edges (cos of a softmax over 64 values: 0.99927-0.99996, 2.4 widths, in a 200-task run).
+    A sparse output (a ReLU's zeros) spans its nonzero values too, so sparsity is not flagged."""
+    if not probe.is_floating_point() or not _finite(probe):
+        return float("inf")
+    values = probe.double()
+    cut = (1 - SPREAD_SHARE) / 2
+    low, mid, high = torch.quantile(values, torch.tensor([cut, 0.5, 1 - cut], dtype=values.dtype)).tolist()
+    return (high - low) / (atol + rtol * abs(mid))
 
 
 def _probe(out: torch.Tensor) -> torch.Tensor:

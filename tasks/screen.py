@@ -80,6 +80,7 @@ def screen_task(
     input_sets: int = 2,
     stable: bool = False,
     min_distinct: float = 0.0,
+    min_spread: float = 0.0,
 ) -> ScreenResult:
     """Run the reference and report every way it falls short of a usable benchmark.
 
@@ -89,7 +90,8 @@ def screen_task(
     ``input_sets``: fresh sets of the task's own inputs every output check runs on (the verifier's
     env.correctness_inputs for synthesis). ``stable``: the reference must agree with itself in
     float64 on each set (and under torch.compile, when tried, on each set too). ``min_distinct``:
-    the lowest share of distinct values an output may take on a set.
+    the lowest share of distinct values an output may take on a set. ``min_spread``: the fewest
+    tolerance widths the middle 98% of an output's values may span on a set.
     """
     result = ScreenResult(task.id, backend)
     device = "cuda" if backend == "cuda" else "cpu"
@@ -128,6 +130,11 @@ def screen_task(
         result.fail("distinct", "too few distinct values: " + "; ".join(
             f"{'output ' + str(k) if len(sets.distinct) > 1 else 'the output'} takes {share:.2%} distinct values "
             f"(at least {min_distinct:.0%} asked)" for k, share in few))
+    narrow = [(k, widths) for k, widths in enumerate(sets.spread) if widths < min_spread]
+    if narrow:
+        result.fail("distinct", "nearly constant at the tolerance: " + "; ".join(
+            f"{'output ' + str(k) if len(sets.spread) > 1 else 'the output'}'s middle 98% of values spans {widths:.1f} "
+            f"tolerance widths (at least {min_spread:g} asked)" for k, widths in narrow))
     # Within the task's tolerance, not bit for bit: the verifier compares a candidate with one run of
     # the reference at that tolerance, and cuDNN's 3-D transposed convolutions sum with atomics
     # (KernelBench level2/78 differed run to run on an H100, 2026-11-27, well inside it).

@@ -49,6 +49,7 @@ class Demands:
     input_sets: int = 5  # fresh sets of the task's own inputs every output check runs on (the verifier's 5)
     stable: bool = True  # the reference agrees with its float64 twin (and torch.compile) on each set
     min_distinct: float = 0.05  # the lowest share of distinct values an output may take on a set
+    min_spread: float = 10.0  # the fewest tolerance widths the middle 98% of an output's values may span on a set
 
 
 def dynamic_problem(task: Task, backend: str, window_ms: tuple[float, float], try_compile: bool,
@@ -60,7 +61,8 @@ def dynamic_problem(task: Task, backend: str, window_ms: tuple[float, float], tr
         result.fail("standalone", why)
         return result
     return screen_task(task, backend=backend, window_ms=window_ms, try_compile=try_compile, transforms=False,
-                       input_sets=demands.input_sets, stable=demands.stable, min_distinct=demands.min_distinct)
+                       input_sets=demands.input_sets, stable=demands.stable, min_distinct=demands.min_distinct,
+                       min_spread=demands.min_spread)
 
 
 def standalone_problem(source: str) -> str:
