@@ -14,10 +14,10 @@ correct kernel, which sums in its own order, cannot fail it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 import itertools
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
