@@ -91,10 +91,8 @@ def env_speedups(work: Path, task, files: dict, repeats: int, env: dict) -> list
     return out
 
 
-def independent(task, files: dict, work: Path) -> dict:
-    """Eager and candidate timed here, on one input set, by do_bench and by KernelBench's loop."""
-    import triton.testing
-
+def candidate_module(files: dict, work: Path):
+    """The solution's model_new module, built and imported in this process (outside any sandbox)."""
     built = compile_kernel(files, "cuda", work / "kernels")
     folder = Path(tempfile.mkdtemp(dir=work))
     write_solution(folder, files)  # a load_inline or paper-layout solution builds itself on import: no kernel.so
@@ -103,6 +101,14 @@ def independent(task, files: dict, work: Path) -> dict:
     spec = importlib.util.spec_from_file_location(f"model_new_{folder.name}", folder / "model_new.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def independent(task, files: dict, work: Path) -> dict:
+    """Eager and candidate timed here, on one input set, by do_bench and by KernelBench's loop."""
+    import triton.testing
+
+    module = candidate_module(files, work)
     problem = build_problem(task, "cuda")
     torch.manual_seed(0)
     ref = problem.model_cls(*problem.get_init_inputs()).cuda().eval()
@@ -167,8 +173,9 @@ def env_settings(pairs: list[str]) -> dict:
     """--env's KEY=VALUE pairs, typed by EnvConfig (an unknown key or a bad value names itself)."""
     from omegaconf import OmegaConf
 
-    typed = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(pairs))
-    return {pair.split("=", 1)[0]: typed[pair.split("=", 1)[0]] for pair in pairs}
+    given = OmegaConf.from_dotlist(pairs)
+    typed = OmegaConf.merge(OmegaConf.structured(EnvConfig), given)
+    return {key: typed[key] for key in given}
 
 
 def main() -> None:

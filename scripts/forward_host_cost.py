@@ -10,7 +10,6 @@ cost, and how much an idle CPU's cold start. A benchmark: it measures and assert
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -24,30 +23,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from env_pool.build.compile import compile_kernel  # noqa: E402
 from env_pool.candidate import guards  # noqa: E402
 from env_pool.shared.arena import Arena  # noqa: E402
+from scripts.bench_integrity import candidate_module  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
-from tasks.solution import write_solution  # noqa: E402
 from tasks.task import build_problem  # noqa: E402
 from tests.corpus_cases import CORPUS, files_of  # noqa: E402
 
 CASE, TASK = "legit/gelu_cuda", "level1/01_gelu"
 CALLS, SKIPPED = 60, 5  # calls per condition; the first few are left out of the medians
 GAPS_S = (0.0, 0.02)  # back to back, and idle for about as long as a round's staging and freeze
-
-
-def candidate_model(work: Path) -> torch.nn.Module:
-    files = files_of(CORPUS / CASE)
-    built = compile_kernel(files, "cuda", work / "kernels")
-    folder = work / "solution"
-    folder.mkdir()
-    write_solution(folder, files)
-    (folder / "kernel.so").write_bytes(Path(built.library).read_bytes())
-    spec = importlib.util.spec_from_file_location("model_new", folder / "model_new.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ModelNew().cuda().eval()
 
 
 def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, around: Callable, gap_s: float) -> dict:
@@ -72,7 +57,7 @@ def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, aro
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     problem = build_problem({t.id: t for t in load_tasks()[0]}[TASK], "cuda")
-    models = {"eager": problem.model_cls(*problem.get_init_inputs()).cuda().eval(), "candidate": candidate_model(work)}
+    models = {"eager": problem.model_cls(*problem.get_init_inputs()).cuda().eval(), "candidate": candidate_module(files_of(CORPUS / CASE), work).ModelNew().cuda().eval()}
     torch.manual_seed(1)
     x = problem.get_inputs()[0].cuda()
     memory = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")  # the round's arena, as a server has one

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tasks.discriminate import plan
+from tasks.discriminate import SPREAD_SHARE, plan
 from tasks.task import Task, build_problem
 
 # The filters, by the name a rejection is counted under (synthesis's report.json, the manifest's rows).
@@ -133,7 +133,7 @@ def screen_task(
     narrow = [(k, widths) for k, widths in enumerate(sets.spread) if widths < min_spread]
     if narrow:
         result.fail("distinct", "nearly constant at the tolerance: " + "; ".join(
-            f"{'output ' + str(k) if len(sets.spread) > 1 else 'the output'}'s middle 98% of values spans {widths:.1f} "
+            f"{'output ' + str(k) if len(sets.spread) > 1 else 'the output'}'s middle {SPREAD_SHARE:.0%} of values spans {widths:.1f} "
             f"tolerance widths (at least {min_spread:g} asked)" for k, widths in narrow))
     # Within the task's tolerance, not bit for bit: the verifier compares a candidate with one run of
     # the reference at that tolerance, and cuDNN's 3-D transposed convolutions sum with atomics
@@ -211,15 +211,14 @@ def _compiles(model: torch.nn.Module, sets: Iterable[list], tolerances) -> str:
         compiled = torch.compile(model)
     except Exception as err:
         return f"{type(err).__name__}: {err}"[:300]
-    made = iter(sets)
-    for k in itertools.count():  # not enumerate: its recycled result tuple holds the last set while the next is made
-        inputs = next(made, None)
-        if inputs is None:
-            return ""
+    k = 0  # not enumerate: its recycled result tuple holds the last set while the next is made
+    for inputs in sets:
         why = _disagreement(compiled, inputs, _outputs(model, inputs), tolerances, "under torch.compile")
         del inputs
         if why:
             return f"on set {k}: {why[0]}"[:300]
+        k += 1
+    return ""
 
 
 def _to(value, device: str):

@@ -212,18 +212,19 @@ def _sized_batch(model: torch.nn.Module, sample: tuple[int, ...], target: float,
         x = torch.randn(batch, *sample, device=device)
         ms, y = _eager_ms(model, x)
         tried[batch] = ms
-        if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS[device]:
+        peak = _peak_bytes(model, x) if memory_bytes and x.is_cuda else 0
+        # Stop at a quarter of the target, or where the next doubling would pass the element cap or
+        # take more than the screen's share of GPU memory allows.
+        if ms >= target / 4 or max(x.numel(), y.numel()) * 2 > MAX_ELEMENTS[device] or 2 * peak > memory_bytes / SCREEN_MEMORY_FACTOR:
             break
-        if memory_bytes and x.is_cuda and 2 * _peak_bytes(model, x) > memory_bytes / SCREEN_MEMORY_FACTOR:
-            break  # the next doubling's forward would take more than the screen's share allows
         batch *= 2
     # The batch last measured: a loop that ran out of doublings had doubled past it, and the caps
     # below, scaled from it, came out twice too large (on an H100, where 16 doublings could not
     # reach a cheap chain's target, screens went out of memory and sizes stopped at 1 ms).
     batch = x.shape[0]
     cap = max(1, int(MAX_ELEMENTS[device] // max(max(x.numel(), y.numel()) / batch, 1)))
-    if memory_bytes and x.is_cuda:
-        cap = min(cap, max(1, int(memory_bytes / SCREEN_MEMORY_FACTOR * batch / _peak_bytes(model, x))))
+    if peak:
+        cap = min(cap, max(1, int(memory_bytes / SCREEN_MEMORY_FACTOR * batch / peak)))
         if batch > cap:  # the batches measured past the cap are out of the running, and the cap is measured
             tried = {b: t for b, t in tried.items() if b <= cap}
             batch = cap
