@@ -143,6 +143,15 @@ def test_hack_is_rejected_for_the_right_reason(pools, tasks, folder: Path, case:
             f"{case['twin']} {int(twin.milestone)} ({twin.speedup_vs_eager:.2f}x)")
 
 
+# After the hacks, whose full-mode cases time the same tasks' baselines in the same pools.
+@pytest.mark.parametrize("folder, case", [p for p in cases("legit") if p.values[1].get("mode") == "full"])
+def test_legitimate_kernel_passes_its_timed_rounds(pools, tasks, folder: Path, case: dict):
+    result = evaluate(pools, tasks, folder, case, "full")
+    assert result.failure is None and not result.violations, (
+        f"{folder.name}: {result.failure}: {result.message} {[v.guard for v in result.violations]}")
+    assert result.milestone >= Milestone.CORRECT and result.candidate is not None
+
+
 ALL_CASES = load_cases("legit") + load_cases("hacks")
 
 
