@@ -1,5 +1,6 @@
 """The host time of one forward on a GPU, eager against a candidate: plain, under the fallback
-detector, with the guards armed; back to back and after an idle gap (as a round starts).
+detector (entered around each call, or held around all of them as a server now holds it for a
+phase), with the guards armed; back to back and after an idle gap (as a round starts).
 
     python scripts/forward_host_cost.py        # on a GPU machine, from the project root; writes $OUT/diag.json
 
@@ -73,6 +74,8 @@ def main() -> None:
         for name, model in models.items():
             measure(f"{name} plain gap{gap}", model, contextlib.nullcontext, gap)
             measure(f"{name} detector gap{gap}", model, lambda: guards.FallbackDetector(plain), gap)
+            with guards.FallbackDetector(plain):  # pushed once for all the calls, as a server holds it for a phase
+                measure(f"{name} detector-held gap{gap}", model, contextlib.nullcontext, gap)
     armed = guards.install(work / "scratch")  # the audit hook and import blocker, as a candidate's server arms them
     armed.armed = True
     for gap in GAPS_S:

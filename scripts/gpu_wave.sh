@@ -18,6 +18,8 @@
 #   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
 #   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
 #             server's extra host time the sampler's interrupts? It was not, 2026-11-27)
+#   noseccomp fidelity as above without the candidate's seccomp filter (a comparison only: does
+#             the filter, which gVisor evaluates per syscall, cost the candidate's rounds?)
 #   hostcost  one forward's host time under the fallback detector and the guards, back to back and
 #             after idle (scripts/forward_host_cost.py; issue 34)
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
@@ -67,20 +69,22 @@ learn_check() {  # NAME [OVERRIDE ...]: the learning check on the GPU, its run f
   step "$name" 600 python3 -m launch.cli train "${LEARN[@]}" "$@" logging.out_dir="$WAVE/$name"
 }
 
+fidelity() {  # NAME [KEY=VALUE ...]: five evaluations of two legit kernels under those env settings, against do_bench
+  local name=$1; shift
+  step "$name" 600 python3 scripts/bench_integrity.py --out "$WAVE/$name" --skip-corpus --repeats 5 \
+    --kernels gelu_cuda linear_relu_cublas_paper_cuda ${1:+--env "$@"}
+}
+
 queue() {
   for name in "$@"; do
     case $name in
       size) step size 420 run_size ;;
       corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
       learn) learn_check learn-sync ;;
-      fidelity) step fidelity 600 python3 scripts/bench_integrity.py --out "$WAVE/fidelity" --skip-corpus --repeats 5 \
-                  --kernels gelu_cuda linear_relu_cublas_paper_cuda ;;  # the server's split of the gap; all eleven: ~20 min
-      synth) step synth 600 timeout -s INT -k 60 480 python3 -m launch.cli synth synth.backend=cuda synth.tasks=10 synth.workers=4 \
-               synth.kernelbench_dir="$KB" synth.out_dir="$WAVE/synth" logging.progress=false ;;
-      recheck) step recheck 600 python3 scripts/bench_integrity.py --out "$WAVE/recheck" --skip-corpus --repeats 5 \
-                 --kernels gelu_cuda linear_relu_cublas_paper_cuda --env eager_recheck=true baseline_servers=2 ;;
-      nosampler) step nosampler 600 python3 scripts/bench_integrity.py --out "$WAVE/nosampler" --skip-corpus --repeats 5 \
-                   --kernels gelu_cuda linear_relu_cublas_paper_cuda --env code_sampling=false ;;
+      fidelity) fidelity fidelity ;;  # the server's split of the gap; all eleven kernels: ~20 min
+      recheck) fidelity recheck eager_recheck=true baseline_servers=2 ;;
+      nosampler) fidelity nosampler code_sampling=false ;;
+      noseccomp) fidelity noseccomp seccomp=false ;;
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
@@ -105,12 +109,12 @@ start)
   shift
   # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async,
   # synthtest, synth, nosampler, recheck
-  [ $# -gt 0 ] || set -- hostcost fidelity
+  [ $# -gt 0 ] || set -- hostcost fidelity noseccomp
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
   [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
-  export -f step learn_check queue run_size run_sets; export WAVE KB PAPER
+  export -f step learn_check fidelity queue run_size run_sets; export WAVE KB PAPER
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;

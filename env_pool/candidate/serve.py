@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import msgpack
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from env_pool.build import paper_layout
 
@@ -110,13 +111,16 @@ def serve(payload: dict, report: dict) -> None:
         ctrl.words[READY] = index + 1
         report["stage"] = f"serve {phase}"
         # Every round of a candidate's server runs under the fallback detector, the null phase's
-        # too (with a state of its own), so the detector's cost is in the subtracted protocol cost.
+        # too (with a state of its own), so the code sampler's null ledger has the detector's torch
+        # time in its glue as the candidate's rounds do.
         watch = armed if armed is not None else (guards.GuardState(Path.cwd(), ()) if payload.get("watched") else None)
         threads = report["_guards"][2] if armed is not None else None
         # cudagraph modes of torch.compile keep their outputs in their graphs' own pool: those are
         # copied into the arena (charged to the compiled baseline), the graphs' capture left alone.
         routed = arena is not None and not (phase == "compiled" and payload.get("compile_mode", "default") != "default")
-        if _serve_rounds(ctrl, last_go, model, args, layout, arena, routed, watch, threads) == STOP:
+        with torch.no_grad(), _watched(watch):
+            go = _serve_rounds(ctrl, last_go, model, args, layout, arena, routed, watch, threads)
+        if go == STOP:
             return
 
 
@@ -190,9 +194,9 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
 
     ``last`` is GO's value read before the phase's READY: each round begins at a change from it.
 
-    With a guard state, every round runs under the torch-op fallback detector: a detector on
-    some rounds only would be seen (the dispatch-mode stack is readable) and dodged. Each
-    round's outputs stay alive until the next round's: the harness reads them after DONE.
+    The caller holds the phase's grad mode and fallback detector (``_watched``) around all of
+    its rounds; ``state`` is that detector's, for the thread check. Each round's outputs stay
+    alive until the next round's: the harness reads them after DONE.
     ``routed``: the forward's allocations come from the arena (a GPU's, but for cudagraph modes).
     """
     words, device = ctrl.words, layout.device
@@ -209,16 +213,15 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
         # before the forward, a CPU output of 16 MB went back to the kernel (glibc trims the top of
         # its heap) and every round paid its page faults again, 10 ms for an eager ReLU against 3 ms.
         try:
-            with torch.no_grad(), (guards.FallbackDetector(state) if state is not None else contextlib.nullcontext()):
-                with arena.allocating() if routed else contextlib.nullcontext():
-                    produced = model(*args)
-                with arena.allocating() if arena is not None else contextlib.nullcontext():
-                    kept = _place(produced, layout, arena)
+            with arena.allocating() if routed else contextlib.nullcontext():
+                produced = model(*args)
+            with arena.allocating() if arena is not None else contextlib.nullcontext():
+                kept = _place(produced, layout, arena)
             words[STAMPS + 1] = time.perf_counter_ns()
+            if threads is not None:  # before the sync: on a GPU the device's work hides its host time
+                guards.check_threads(state, threads)
             synchronize(device)
             words[STAMPS + 2] = time.perf_counter_ns()
-            if threads is not None:
-                guards.check_threads(state, threads)
             for k, out in enumerate(kept):
                 words[OUTS + k] = out.data_ptr() if arena is None else arena.offset_of(out)
             words[DONE] = go
@@ -226,6 +229,31 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
             kind = err.kind if isinstance(err, RoundError) else "crash"
             ctrl.set_message(f"[{kind}] {short_error(err)}")
             words[DONE] = -go
+
+
+@contextlib.contextmanager
+def _watched(state: guards.GuardState | None):
+    """A phase's rounds under the torch-op fallback detector (with a guard state), pushed once before
+    the first and popped after the last.
+
+    Pushed around each round instead, the detector's entry and exit were on the candidate's clock:
+    on an H100, a cold forward of legit/gelu_cuda took 0.44 ms under it against 0.29 without,
+    a third of the candidate's 0.48 ms gap to eager's host time (issue 34). Held for the phase
+    it watches every round as before; a candidate that takes it off the dispatch-mode stack (as
+    it could dodge it in any round by disabling dispatch) is flagged when the phase ends.
+    """
+    if state is None:
+        yield
+        return
+    detector = guards.FallbackDetector(state)
+    detector.__enter__()
+    try:
+        yield
+    finally:
+        if _get_current_dispatch_mode_stack() == [detector]:
+            detector.__exit__(None, None, None)
+        else:
+            state.flag("tamper", "the dispatch-mode stack was changed under the torch-op fallback detector")
 
 
 def _place(produced: Any, layout: Layout, arena: Arena | None) -> list[torch.Tensor]:
