@@ -73,6 +73,7 @@ def run_corpus(work: Path, tasks: dict, only: list[str]) -> list[dict]:
 
 
 def env_speedups(work: Path, task, files: dict, repeats: int, env: dict) -> list[dict]:
+    """``repeats`` full evaluations in one environment (the task's baselines timed once, then cached)."""
     ctx = context(work / "fidelity", **env)
     out = []
     for _ in range(repeats):
@@ -148,7 +149,9 @@ def run_fidelity(work: Path, tasks: dict, repeats: int, only: list[str], rows: l
         if case["backend"] != "cuda" or (only and folder.name not in only):
             continue
         task, files = tasks[case["task"]], files_of(folder)
-        evals = env_speedups(work, task, files, repeats, env)
+        # The case's own settings first (linear_relu_cublas_paper_cuda's paper rules, without which its
+        # cuBLAS call is a library fallback), then --env's.
+        evals = env_speedups(work, task, files, repeats, {**case.get("settings", {}), **env})
         speeds = [e["speedup"] for e in evals if e["speedup"]]
         ind = independent(task, files, work)
         row = {"kernel": folder.name, "env": evals, "independent": ind}

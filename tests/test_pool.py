@@ -7,7 +7,9 @@ import asyncio
 import time
 from typing import Any
 
+from env_pool.evaluate import Baseline
 from env_pool.pool import EnvPool
+from protocol.results import Timing
 from tasks.task import Task
 
 
@@ -73,6 +75,31 @@ def test_a_task_too_fast_to_time_is_verified_only_after_three_baselines_in_vain(
     again = asyncio.run(pool.evaluate(task, FIRST_KERNEL, "full"))
     assert (again.failure, int(again.milestone), pool.stats.retried) == (None, 1, 2), again.message
     assert again.message.startswith("speed not judged") and ("tiny/first_element", "cpp") not in pool.ctx.baselines
+
+
+SLOW_FIRST_KERNEL = {
+    **FIRST_KERNEL,
+    # the first element after ~100 ms of spinning: well above the protocol's noise on a 128 MB input
+    "kernel.cpp": 'extern "C" void first(const float* x, float* y) {\n'
+                  '  for (volatile long i = 0; i < 100000000; ++i) {}\n  y[0] = x[0];\n}\n',
+}
+# Its copy of a 128 MB input takes the harness tens of milliseconds a round: the reference's
+# microseconds are within its noise every time.
+FAR_TOO_FAST = TOO_FAST.replace("torch.randn(4_000_000)", "torch.randn(32_000_000)")
+
+
+def test_an_untimeable_eager_recheck_withholds_speed_instead_of_failing_the_evaluation(tmp_path):
+    """The eager recheck of a task whose reference is within the protocol's noise cannot say how far
+    the machine moved: the candidate is correct with no speed claim, in one run. It was an infra
+    failure, the whole evaluation retried until the task was struck off as untimeable."""
+    task = Task(id="tiny/first_of_many", level=1, source=FAR_TOO_FAST)
+    pool = EnvPool({"work_dir": str(tmp_path), "repetitions": 5, "warmup": 1, "eager_recheck": True, "pch_dir": ""})
+    cached = Timing(median_ms=500.0, iqr_ms=1.0, repetitions=5, samples_ms=[499.0, 499.5, 500.0, 500.5, 501.0])
+    pool.ctx.baselines[(task.id, "cpp")] = Baseline(eager=cached, compiled=cached)  # timed in a stretch long gone
+    result = asyncio.run(pool.evaluate(task, SLOW_FIRST_KERNEL, "full"))
+    assert result.failure is None and int(result.milestone) == 1, f"{result.failure}: {result.message}"
+    assert result.candidate is None and result.eager_recheck is None and pool.stats.retried == 0
+    assert "speed not judged" in result.message and "timed again right after your rounds" in result.message, result.message
 
 
 def test_compiles_beyond_env_compile_workers_wait_for_a_slot(tmp_path):
