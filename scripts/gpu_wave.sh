@@ -22,6 +22,8 @@
 #             the filter, which gVisor evaluates per syscall, cost the candidate's rounds?)
 #   hostcost  one forward's host time under the fallback detector and the guards, back to back and
 #             after idle (scripts/forward_host_cost.py; issue 34)
+#   idle      one launch's host time after 20 ms asleep, busy, or beside an idle spinner on its CPU
+#             (scripts/launch_after_idle.py; issue 34)
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
@@ -86,6 +88,7 @@ queue() {
       nosampler) fidelity nosampler code_sampling=false ;;
       noseccomp) fidelity noseccomp seccomp=false ;;
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
+      idle) step idle 120 env OUT="$WAVE" python3 scripts/launch_after_idle.py ;;
       sets) step sets 900 run_sets ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
@@ -108,8 +111,8 @@ case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
   # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async,
-  # synthtest, synth, nosampler, recheck
-  [ $# -gt 0 ] || set -- hostcost fidelity noseccomp
+  # synthtest, synth, nosampler, recheck, hostcost, noseccomp, idle
+  [ $# -gt 0 ] || set -- idle hostcost fidelity
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
