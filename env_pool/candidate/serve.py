@@ -237,10 +237,11 @@ def _watched(state: guards.GuardState | None):
     the first and popped after the last.
 
     Pushed around each round instead, the detector's entry and exit were on the candidate's clock:
-    on an H100, a cold forward of legit/gelu_cuda took 0.44 ms under it against 0.29 without,
-    a third of the candidate's 0.48 ms gap to eager's host time (issue 34). Held for the phase
-    it watches every round as before; a candidate that takes it off the dispatch-mode stack (as
-    it could dodge it in any round by disabling dispatch) is flagged when the phase ends.
+    on an H100, a forward of legit/gelu_cuda after 20 ms idle took 0.436 ms under a detector
+    pushed for it, 0.381 under one held across calls and 0.302 without (scripts/forward_host_cost.py,
+    issue 34). Held for the phase it watches every round as before; a candidate that takes it off
+    the dispatch-mode stack (as it could dodge it in any round by disabling dispatch) is flagged
+    when the phase ends.
     """
     if state is None:
         yield
