@@ -251,7 +251,8 @@ def _watched(state: guards.GuardState | None):
     try:
         yield
     finally:
-        if _get_current_dispatch_mode_stack() == [detector]:
+        stack = _get_current_dispatch_mode_stack()
+        if len(stack) == 1 and stack[0] is detector:  # by identity: a mode of the candidate's can say it is equal
             detector.__exit__(None, None, None)
         else:
             state.flag("tamper", "the dispatch-mode stack was changed under the torch-op fallback detector")
