@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from env_pool.candidate import guards  # noqa: E402
 from env_pool.shared.arena import Arena  # noqa: E402
 from scripts.bench_integrity import candidate_module  # noqa: E402
+from scripts.launch_after_idle import idle, launch_times  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 from tasks.task import build_problem  # noqa: E402
 from tests.corpus_cases import CORPUS, files_of  # noqa: E402
@@ -37,22 +36,12 @@ GAPS_S = (0.0, 0.02)  # back to back, and idle for about as long as a round's st
 
 
 def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, around: Callable, gap_s: float) -> dict:
-    """Medians of one forward's host time (its return) and its total (device synced), in ms."""
-    host, total = [], []
-    for call in range(CALLS):
-        time.sleep(gap_s)
-        torch.cuda.synchronize()
-        start = time.perf_counter_ns()
+    """One forward's host time (its return) and its total (device synced), in ms, each after ``gap_s`` asleep."""
+    def forward() -> torch.Tensor:
         with torch.no_grad(), around(), arena.allocating():
-            y = model(x)
-        returned = time.perf_counter_ns()
-        torch.cuda.synchronize()
-        synced = time.perf_counter_ns()
-        del y
-        if call >= SKIPPED:
-            host.append((returned - start) / 1e6)
-            total.append((synced - start) / 1e6)
-    return {"host_ms": round(statistics.median(host), 4), "total_ms": round(statistics.median(total), 4)}
+            return model(x)
+
+    return launch_times(forward, idle(gap_s, busy=False), CALLS, SKIPPED)
 
 
 def main() -> None:

@@ -15,13 +15,10 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-
-CPU = sorted(os.sched_getaffinity(0))[2]  # where the launches run (and the same-CPU spinner)
-OTHER = sorted(os.sched_getaffinity(0))[5]  # the other spinner's
-
 
 def spin(cpu: int) -> None:
     """Spin on ``cpu`` at the lowest priority: it runs only while nothing else wants that CPU."""
@@ -34,38 +31,50 @@ def spin(cpu: int) -> None:
         pass
 
 
-def measure(x: torch.Tensor, gap: float, busy: bool = False, calls: int = 60) -> dict:
-    """Medians (and the host time's 90th percentile) of ``calls`` launches, each after ``gap`` s, in ms."""
+def launch_times(call: Callable[[], object], wait: Callable[[], None], calls: int = 60, skipped: int = 5) -> dict:
+    """Medians of ``call``'s host time (its return) and total (device synced), and the host time's
+    90th percentile, in ms, over ``calls`` calls each after ``wait()``, the first ``skipped`` left out."""
     host, total = [], []
     for k in range(calls):
-        if busy:
-            end = time.perf_counter() + gap
-            while time.perf_counter() < end:
-                pass
-        else:
-            time.sleep(gap)
+        wait()
         torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        y = F.gelu(x)
-        t1 = time.perf_counter_ns()
+        start = time.perf_counter_ns()
+        result = call()
+        returned = time.perf_counter_ns()
         torch.cuda.synchronize()
-        t2 = time.perf_counter_ns()
-        del y
-        if k >= 5:
-            host.append((t1 - t0) / 1e6); total.append((t2 - t0) / 1e6)
+        synced = time.perf_counter_ns()
+        del result
+        if k >= skipped:
+            host.append((returned - start) / 1e6)
+            total.append((synced - start) / 1e6)
     return {"host_ms": round(statistics.median(host), 4), "total_ms": round(statistics.median(total), 4),
             "host_p90": round(sorted(host)[int(0.9 * len(host))], 4)}
 
 
+def idle(gap: float, busy: bool) -> Callable[[], None]:
+    """A wait of ``gap`` s, asleep or busy in this process."""
+    def busy_wait() -> None:
+        end = time.perf_counter() + gap
+        while time.perf_counter() < end:
+            pass
+    return busy_wait if busy else (lambda: time.sleep(gap))
+
+
+def measure(x: torch.Tensor, gap: float, busy: bool = False) -> dict:
+    return launch_times(lambda: F.gelu(x), idle(gap, busy))
+
+
 def main() -> None:
-    os.sched_setaffinity(0, {CPU})
+    cpus = sorted(os.sched_getaffinity(0))
+    here, other = cpus[2], cpus[5]  # where the launches run (and the same-CPU spinner), and the other spinner's
+    os.sched_setaffinity(0, {here})
     x = torch.randn(2 ** 29, device="cuda")
-    measure(x, 0.0, calls=20)
+    launch_times(lambda: F.gelu(x), idle(0.0, False), calls=20)  # warm-up
     rows = {}
     for name, gap, busy, spinner_cpu in (("back to back", 0.0, False, None), ("sleep 20ms", 0.02, False, None),
-                                          ("busy 20ms", 0.02, True, None), ("sleep 20ms + idle spinner same cpu", 0.02, False, CPU),
-                                          ("sleep 20ms + idle spinner other cpu", 0.02, False, OTHER), ("sleep 20ms again", 0.02, False, None),
-                                          ("sleep 5ms", 0.005, False, None), ("sleep 5ms + idle spinner same cpu", 0.005, False, CPU)):
+                                          ("busy 20ms", 0.02, True, None), ("sleep 20ms + idle spinner same cpu", 0.02, False, here),
+                                          ("sleep 20ms + idle spinner other cpu", 0.02, False, other), ("sleep 20ms again", 0.02, False, None),
+                                          ("sleep 5ms", 0.005, False, None), ("sleep 5ms + idle spinner same cpu", 0.005, False, here)):
         p = None
         if spinner_cpu is not None:
             p = mp.Process(target=spin, args=(spinner_cpu,), daemon=True); p.start(); time.sleep(0.2)
