@@ -27,6 +27,12 @@ class RuleSet(StrEnum):
     paper = "paper"  # the CUDA Agent paper's: 1e-2, TF32 as torch leaves it, cuBLAS/cuDNN (a BLAS on the CPU) allowed in the candidate's code, nvcc --use_fast_math
 
 
+class BaselineTiming(StrEnum):
+    auto = "auto"  # in_turn on the cpp backend unless env.eager_recheck or env.baseline_servers > 1 ask for cached baselines; cached on cuda
+    in_turn = "in_turn"  # every full evaluation times its own baselines, a round of the candidate, eager and torch.compile each turn (env_pool/trusted/in_turn.py); the cpp backend only
+    cached = "cached"  # a task's baselines timed once per worker, before its first candidate, in their own stretch and server
+
+
 class StageName(StrEnum):
     single_turn_ppo = "single_turn_ppo"
     rft = "rft"
@@ -185,9 +191,10 @@ class EnvConfig:
     memory_limit_mb: int = 8192  # env_pool/evaluate.py: host memory of a candidate's process tree (the sum of its processes' RSS; CPU-only runs also get it + 4096 MB of address space each); a load_inline build without the precompiled header peaked at 4.0-4.4 GB on the H100
     baseline_memory_limit_mb: int = 32768  # env_pool/evaluate.py: host memory limit of a trusted baselines' server (the task's reference, eager and under torch.compile: trusted code, bounded only to keep a runaway task off the machine); torch.compile of KernelBench's level2/65 took 9.4 GB on an H100 host
     warmup: int = 5  # env_pool/evaluate.py: untimed runs before timing
-    repetitions: int = 30  # env_pool/evaluate.py: timed runs; the median is reported
+    repetitions: int = 120  # env_pool/evaluate.py: timed runs (timed turns, with env.baseline_timing=in_turn); the median is reported. 120, not 30: timed in turn on 2 cores, one argmax kernel's "faster than torch.compile" held in 9 of 10 evaluations with 120 and in 7 of 10 with 30 (README), for ~7 s more an evaluation
     baseline_servers: int = 1  # env_pool/evaluate.py: trusted servers (at least 1) a task's baselines are timed in, one after another, their rounds pooled in order (env_pool/trusted/harness.py): a server's process biases its rounds (one argmax task's compiled baseline timed 1.21-1.28 ms in some servers and 1.47-1.95 ms in others on 2 cores), and the servers' difference widens the speedups' intervals (env_pool/reward.py); once per task per worker
     eager_recheck: bool = False  # env_pool/evaluate.py: (off by default: on the 2-core machine it did not make one argmax kernel's milestone agree across ten evaluations, README) time the eager baseline again, in a trusted server, right after each full evaluation's candidate rounds: its distance from the cached eager timing widens the speedups' intervals (env_pool/reward.py: the machine's speed moved between the baselines' stretch and the candidate's) and, past 50%, has the baselines timed again; a recheck within the protocol's noise withholds the speed claim (env_pool/trusted/harness.py); costs a trusted server's start-up and the eager rounds per full evaluation; false: the cached baselines' stretch is trusted
+    baseline_timing: BaselineTiming = BaselineTiming.auto  # env_pool/evaluate.py: when a full evaluation's baselines are timed (the values' comments): in turn with the candidate (the 2-core machine's speed drifts by 20-50% between stretches of seconds, and baselines cached in another stretch decided one argmax kernel's milestone across ten evaluations: 2, 3 or 1), or cached; in_turn costs every full evaluation its baselines (two trusted servers, a torch.compile)
     compile_mode: str = "default"  # env_pool/evaluate.py: torch.compile mode of the baseline: default or max-autotune
     threads: int = 1  # env_pool/evaluate.py: CPU threads of the reference and the candidate (torch and OpenMP), the same for both
     work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data, and harness.log (each request and its verdict)

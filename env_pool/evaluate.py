@@ -129,6 +129,10 @@ class EvalContext:
     _compiles: asyncio.Semaphore | None = None
     _gate: BuildGate | None = None
 
+    def __post_init__(self) -> None:
+        if self.cfg is not None:  # a timing setting that cannot hold fails here, not in each evaluation
+            times_in_turn(self.cfg, str(self.cfg.backend))
+
     @property
     def gate(self) -> BuildGate:
         """Builds wait while baselines are timed, where they share CPUs with the timed runs."""
@@ -268,7 +272,8 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
     # again, each time in vain.
     unjudged = ctx.unjudged_speed(key) if mode == "full" else ""
     mode = "verify" if unjudged else mode
-    baseline = mode == "full" and key not in ctx.baselines
+    # Timed in turn with the candidate, every full evaluation's baselines are its own (env.baseline_timing).
+    baseline = mode == "full" and (times_in_turn(ctx.cfg, backend) or key not in ctx.baselines)
     async with ctx.timing_lane():  # the baselines and the candidate's rounds are all timed runs
         verdict = await _harness(ctx, task, backend, mode, baseline, scratch, private)
         if verdict.get("untimeable") and ctx.strike(key, verdict["message"]):
@@ -513,8 +518,9 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     cfg = ctx.cfg
     request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
                               ctx.private_paths)
+    in_turn = mode == "full" and times_in_turn(cfg, backend)
     recheck = mode == "full" and bool(cfg.eager_recheck)  # the eager baseline timed again after the candidate's rounds
-    servers = int(cfg.baseline_servers) if baseline else 0
+    servers = 1 if in_turn else int(cfg.baseline_servers) if baseline else 0
     limit = (HARNESS_START_S + cfg.run_timeout_s + servers * (cfg.run_timeout_s + cfg.compile_timeout_s)
              + (cfg.run_timeout_s if recheck else 0))
     return await asyncio.to_thread(_quiet_request, ctx, request, limit, baseline or recheck or mode == "baselines")
@@ -530,6 +536,7 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
         task=task.to_dict(), backend=backend, mode=mode, baseline=bool(baseline), rules=str(cfg.rules),
         threads=int(cfg.threads), cpus=tuple(plan.servers), startup_cpus=tuple(plan.builds),
         warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), eager_recheck=bool(cfg.eager_recheck),
+        in_turn=times_in_turn(cfg, backend),
         baseline_servers=int(cfg.baseline_servers),
         correctness_inputs=int(cfg.correctness_inputs),
         adversarial_inputs=bool(cfg.adversarial_inputs), compile_mode=str(cfg.compile_mode), seccomp=bool(cfg.seccomp),
@@ -539,6 +546,22 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
         baseline_timeout_s=float(cfg.run_timeout_s + cfg.compile_timeout_s), scratch=str(scratch),
         reference_cwd=str(private), inductor_dir=str(inductor_dir), hidden=tuple(str(p) for p in hidden),
         required_isolation=tuple(UNTRUSTED_ISOLATION) + (("cpu-affinity",) if pinned else ()))
+
+
+def times_in_turn(cfg, backend: str) -> bool:
+    """Whether a full evaluation times its own baselines in turn with the candidate (env.baseline_timing);
+    a setting that cannot hold is a ValueError naming the fields and the fix."""
+    timing = str(cfg.baseline_timing)
+    if timing == "auto":
+        return backend == "cpp" and not cfg.eager_recheck and int(cfg.baseline_servers) <= 1
+    if timing == "in_turn" and backend == "cuda":
+        raise ValueError("env.baseline_timing=in_turn is for the cpp backend only: on a GPU a frozen candidate's queued "
+                         "work runs on into the next baseline's round. Set env.baseline_timing=cached (or auto)")
+    if timing == "in_turn" and (cfg.eager_recheck or int(cfg.baseline_servers) > 1):
+        raise ValueError("env.eager_recheck and env.baseline_servers > 1 are for cached baselines; with "
+                         "env.baseline_timing=in_turn each evaluation times its own in one pair of servers. Set "
+                         "env.eager_recheck=false and env.baseline_servers=1, or env.baseline_timing=cached")
+    return timing == "in_turn"
 
 
 def _quiet_request(ctx, request: HarnessRequest, limit: float, baselines: bool) -> dict:
@@ -608,7 +631,11 @@ def _judge(ctx, key, verdict: dict, result: EvalResult, timed: bool) -> None:
     result.warm_server = bool(verdict.get("warm_server"))
     result.checks = [InputCheck(**c) for c in verdict.get("checks", [])]
     result.violations = [Violation(**v) for v in verdict.get("violations", [])]
-    base = ctx.baselines.get(key) if timed else None
+    if timed and verdict.get("in_turn") and verdict.get("eager") and verdict.get("compiled"):  # this evaluation's own
+        base = Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))
+        result.timed_in_turn = True
+    else:
+        base = ctx.baselines.get(key) if timed else None
     if base is not None:  # the task's baselines stand whatever the candidate did (a sweep compares them)
         result.eager, result.compiled = base.eager, base.compiled
     if verdict.get("failure") and not result.violations:

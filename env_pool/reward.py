@@ -18,6 +18,11 @@ in order, so a difference between the servers' processes is such a drift too. An
 between the baselines and the candidate (``stretch_drift``): the harness times the eager baseline again
 right after the candidate's rounds, and a baseline cached in a faster or slower stretch than
 the candidate's shows as the recheck's distance from it.
+
+Widened so, the interval stays honest but the milestone does not agree from one evaluation to
+the next. So on the cpp backend each full evaluation times its baselines in turn with the
+candidate (env.baseline_timing, env_pool/trusted/in_turn.py): round k of each side is one turn's,
+in one stretch, and the bootstrap resamples whole turns, with nothing widened.
 """
 from __future__ import annotations
 
@@ -35,21 +40,27 @@ DRIFT_PARTS = 3  # a phase's rounds split in this many stretches, in order, to s
 
 
 def speedup_interval(baseline: Timing | None, candidate: Timing | None, confidence: float,
-                     between: float = 0.0) -> tuple[float, float] | None:
-    """The ``confidence`` bootstrap interval of baseline / candidate (ratio of medians), widened at
-    both ends by the largest drift: each timing's own, or ``between`` their stretches (stretch_drift);
-    None without the rounds to resample. Seeded by the samples: the same timings, the same verdict."""
+                     between: float = 0.0, in_turn: bool = False) -> tuple[float, float] | None:
+    """The ``confidence`` bootstrap interval of baseline / candidate (ratio of medians); None without
+    the rounds to resample. Seeded by the samples: the same timings, the same verdict.
+
+    Timed apart, each side's rounds are resampled on their own and the interval widened at both
+    ends by the largest drift: each timing's own, or ``between`` their stretches (stretch_drift).
+    Timed ``in_turn`` (round k of each in one turn, env_pool/trusted/in_turn.py), whole turns are
+    resampled and nothing is widened: a drift moved both sides of every turn together."""
     if baseline is None or candidate is None or not baseline.samples_ms or not candidate.samples_ms:
         return None
     b = torch.tensor(baseline.samples_ms, dtype=torch.float64)
     c = torch.tensor(candidate.samples_ms, dtype=torch.float64)
     digest = hashlib.sha256(struct.pack(f"{len(b) + len(c)}d", *b.tolist(), *c.tolist())).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-    ratio = (b[torch.randint(len(b), (RESAMPLES, len(b)), generator=gen)].median(dim=1).values
-             / c[torch.randint(len(c), (RESAMPLES, len(c)), generator=gen)].median(dim=1).values.clamp_min(1e-9))
+    paired = in_turn and len(b) == len(c)
+    picks = torch.randint(len(b), (RESAMPLES, len(b)), generator=gen)
+    ratio = b[picks].median(dim=1).values / c[picks if paired else torch.randint(len(c), (RESAMPLES, len(c)), generator=gen)
+                                              ].median(dim=1).values.clamp_min(1e-9)
     tail = (1.0 - confidence) / 2
     low, high = torch.quantile(ratio, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
-    widen = 1.0 + max(pair_drift(baseline, candidate), between)
+    widen = 1.0 if paired else 1.0 + max(pair_drift(baseline, candidate), between)
     return low / widen, high * widen
 
 
@@ -108,11 +119,11 @@ def apply_reward(result: EvalResult, cfg: RewardConfig) -> EvalResult:
     between = stretch_drift(result)
     for key, baseline, margin, name in (("eager_interval", result.eager, cfg.eager_margin, "eager"),
                                         ("compile_interval", result.compiled, cfg.compile_margin, "torch.compile")):
-        interval = speedup_interval(baseline, result.candidate, cfg.confidence, between)
+        interval = speedup_interval(baseline, result.candidate, cfg.confidence, between, result.timed_in_turn)
         setattr(result, key, [round(x, 4) for x in interval] if interval else [])
         point = baseline.median_ms / result.candidate.median_ms if baseline and result.candidate else None
         if interval and point and point > 1.0 + margin and interval[0] <= 1.0 + margin and result.failure is None:
-            within = pair_drift(baseline, result.candidate)
+            within = 0.0 if result.timed_in_turn else pair_drift(baseline, result.candidate)
             where = "within the rounds" if within >= between else "between the baselines' rounds and yours"
             moved = max(within, between)
             widened = f" (widened by the {moved:.0%} the machine's speed moved {where})" if moved >= 0.01 else ""

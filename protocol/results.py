@@ -87,6 +87,7 @@ class EvalResult:
     # The eager baseline timed again right after the candidate's rounds: how far the machine's
     # speed moved since the baselines' rounds (env_pool/reward.py widens the intervals by it)
     eager_recheck: Timing | None = None
+    timed_in_turn: bool = False  # the candidate's and the baselines' timed rounds were served in turn (env.baseline_timing): sample k of each is one turn's
     compile_s: float = 0.0  # wall-clock seconds of the compile step (0 on a cache hit)
     cache_hit: bool = False
     wall_s: float = 0.0  # wall-clock seconds of the whole evaluation

@@ -97,6 +97,31 @@ def test_baselines_pooled_from_two_servers_that_disagree_get_a_wider_interval():
     assert two_servers.milestone == Milestone.FASTER_THAN_EAGER, two_servers.message
 
 
+def test_rounds_timed_in_turn_are_resampled_by_turn_so_a_drift_shared_by_both_sides_cancels():
+    """The 2-core VM's speed moves by 20-50% between stretches of seconds. Timed in turn, a turn's
+    rounds share their stretch: a kernel 1.3x faster than torch.compile in every turn is so for sure,
+    however far the machine drifted; resampled side by side and widened by the drift, it is not."""
+    speed = [1.0 + 0.8 * abs(((k * 37) % 30) / 29 - 0.5) + (0.6 if k >= 15 else 0.0) for k in range(30)]  # noise and a step
+
+    def drifting(ms: float) -> Timing:
+        samples = [ms * x for x in speed]
+        return Timing(sorted(samples)[15], 0.0, 30, samples)
+
+    def result(in_turn: bool) -> EvalResult:
+        r = EvalResult("t", "cpp", checks=[InputCheck(0, True)], eager=drifting(2.0), compiled=drifting(1.3),
+                       candidate=drifting(1.0), timed_in_turn=in_turn)
+        return apply_reward(r, RewardConfig())
+
+    apart, in_turn = result(False), result(True)
+    assert apart.milestone == Milestone.FASTER_THAN_EAGER and apart.compile_interval[0] < 1.05, apart.compile_interval
+    assert in_turn.milestone == Milestone.FASTER_THAN_COMPILE, in_turn.message
+    assert in_turn.compile_interval == pytest.approx([1.3, 1.3]) and "widened" not in in_turn.message
+    # A turn is k-th of each side: shuffled against each other, the same rounds are no sure win.
+    shuffled = result(True)
+    shuffled.candidate.samples_ms = shuffled.candidate.samples_ms[15:] + shuffled.candidate.samples_ms[:15]
+    assert apply_reward(shuffled, RewardConfig()).milestone == Milestone.FASTER_THAN_EAGER, shuffled.compile_interval
+
+
 def test_a_machine_whose_speed_moved_between_the_baselines_and_the_candidate_gets_a_wider_interval():
     """The baselines cached from one stretch, the candidate timed in another: each steady, so
     neither's own drift shows it. The eager baseline's recheck after the candidate's rounds does:

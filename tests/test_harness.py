@@ -18,7 +18,7 @@ import msgpack
 import pytest
 import torch
 
-from env_pool.trusted.round_protocol import (Rounds, RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report,
+from env_pool.trusted.round_protocol import (RoundsFailed, _kind_and_message, _outcome_failure, _untrusted_report, wait_ready,
                                              above_protocol_noise, net_timing)
 from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.rounds import GO, READY, Control, SlotMemory, plan_layout
@@ -99,17 +99,16 @@ def test_a_server_out_of_memory_is_named_with_its_limit_and_the_peak_seen():
 def test_a_server_that_loads_candidate_code_can_never_claim_infra():
     control = Control.create()
     try:
-        fake = SimpleNamespace(control=control)
         alive = threading.Thread(target=lambda: None)
         control.set_message("[infra] could not install the seccomp filter")  # what the red team forged
         control.words[READY] = -1
         with pytest.raises(RoundsFailed) as candidate:
-            Rounds.wait_ready(fake, 0, alive, trusted=False)
+            wait_ready(control, 0, alive, trusted=False)
         with pytest.raises(RoundsFailed) as baseline:
-            Rounds.wait_ready(fake, 0, alive, trusted=True)
+            wait_ready(control, 0, alive, trusted=True)
         control.set_message("[import] SyntaxError: invalid syntax (at model_new.py:3)")
         with pytest.raises(RoundsFailed) as bad_import:
-            Rounds.wait_ready(fake, 0, alive, trusted=False)
+            wait_ready(control, 0, alive, trusted=False)
         assert (candidate.value.kind, baseline.value.kind, bad_import.value.kind) == ("crash", "infra", "compile_error")
     finally:
         control.close()

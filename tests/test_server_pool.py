@@ -184,13 +184,13 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
         return [any(_state(pid) == "T" for pid in s.pids()) for s in inproc.pools.candidates.waiting if s.pids()]
 
     def spy(name, original):
-        def wrapped(self, *args, **kwargs):
+        def wrapped(*args, **kwargs):
             seen[name].extend(stopped())
-            return original(self, *args, **kwargs)
+            return original(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(round_protocol.Rounds, "wait_ready", spy("wait", round_protocol.Rounds.wait_ready))
-    monkeypatch.setattr(round_protocol.Rounds, "_write_inputs", spy("rounds", round_protocol.Rounds._write_inputs))
+    monkeypatch.setattr(round_protocol, "wait_ready", spy("wait", round_protocol.wait_ready))
+    monkeypatch.setattr(round_protocol.Rounds, "write_inputs", spy("rounds", round_protocol.Rounds.write_inputs))
     files = files_of(CORPUS / "legit" / "gelu_omp")
     try:
         first = asyncio.run(evaluate(ctx, gelu, files, "verify"))  # starts the pool (refilled after its run)

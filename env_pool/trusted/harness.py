@@ -11,9 +11,11 @@ kept warm by env_pool/trusted/harness_process.py, one per worker). It decides ev
 - correctness: every round's outputs, warm-up and timed alike, against the reference run
   here on the same inputs; the output slots are NaN-poisoned before each round, so a missing
   output fails; inputs are compared with the private copies after each round (mutation);
-- baselines: eager and torch.compile served by a second, trusted server under the same
-  protocol, sandbox, CPU set and thread count as the candidate; and eager again right after
-  the candidate's timed rounds (env.eager_recheck), to see whether the machine's speed moved
+- baselines: eager and torch.compile served by trusted servers under the same protocol,
+  sandbox, CPU set and thread count as the candidate: on the cpp backend in turn with the
+  candidate's timed rounds, a round of each per turn (env.baseline_timing, env_pool/trusted/in_turn.py);
+  otherwise before it, once per task per worker, and then eager again right after the
+  candidate's timed rounds (env.eager_recheck), to see whether the machine's speed moved
   since the baselines were timed;
 - which code did the work: the servers' CPUs sampled by the kernel from GO to DONE of every
   round, each sample attributed to the file mapped at its address (env_pool/trusted/code_sampler.py):
@@ -45,8 +47,9 @@ from env_pool.isolation.sandbox import SandboxError
 from env_pool.shared.inputs import ADVERSARIAL, adversarial
 from env_pool.trusted.code_sampler import judge
 from env_pool.trusted.harness_request import HarnessRequest
-from env_pool.trusted.round_protocol import (NULL_ROUNDS, Rounds, RoundsFailed, above_protocol_noise, net_timing, pooled,
-                                             seccomp_works, serve_phases, set_tf32)
+from env_pool.trusted.in_turn import BASELINES, BaselinesFailed, serve_in_turn
+from env_pool.trusted.round_protocol import (NULL_ROUNDS, PhaseRun, Rounds, RoundsFailed, above_protocol_noise, net_timing,
+                                             pooled, seccomp_works, serve_phases, set_tf32)
 from env_pool.trusted.server_pool import ServerPools, log
 from protocol.results import Timing
 
@@ -66,8 +69,9 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
     # them returned its input there and computed only on the checked sets (rt3_relu_sign_probe).
     timed_set = rounds.transformed(sets.needed[0]) if sets.needed else None
     timed_label = sets.needed[0] if sets.needed else "own"
-    if request.baseline:
-        timings, failed = time_baselines(rounds, pools, request, ("eager", "compiled"), timed_set, request.baseline_servers)
+    in_turn = full and request.in_turn  # the baselines' timed rounds in turn with the candidate's (env_pool/trusted/in_turn.py)
+    if request.baseline and not in_turn:
+        timings, failed = time_baselines(rounds, pools, request, BASELINES, timed_set, request.baseline_servers)
         if failed:
             result.update(failed)
             return result
@@ -99,10 +103,22 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
     phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False, None),
               ("candidate", candidate_rounds, True, labels)]
     try:
-        runs, report = serve_phases(rounds, pools, phases, Path(request.scratch), trusted=False)
+        if in_turn:
+            runs, report, baseline_runs = serve_in_turn(rounds, pools, request, phases, timed_set)
+        else:
+            runs, report = serve_phases(rounds, pools, phases, Path(request.scratch), trusted=False)
     except RoundsFailed as err:
         result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
+    except BaselinesFailed as err:
+        result.update(failure="infra", message=str(err), run_log=err.output)
+        return result
+    if in_turn:
+        timings, failed = baseline_timings(baseline_runs, warmup)
+        if failed:
+            result.update(failed)
+            return result
+        result.update(timings, in_turn=True)
     run = runs["candidate"]
     result["run_log"] = report["output"]
     result["warm_server"] = report["warm_server"]
@@ -129,7 +145,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
         else:  # correct, and no speed claim either way
             result["timing_note"] = (f"your kernel's time ({timing.median_ms * 1e3:.1f} us a call) was within the "
                                      "timing protocol's own noise: speed not judged")
-    if request.eager_recheck and "candidate" in result and not result["violations"]:
+    if request.eager_recheck and not in_turn and "candidate" in result and not result["violations"]:
         # The eager baseline again, in the stretch right after the candidate's rounds: how far the
         # machine's speed moved since the baselines' rounds (env_pool/reward.py widens the speedups'
         # intervals by it). On the 2-core VM it moves 20-50% between stretches of seconds, and one
@@ -181,6 +197,23 @@ def _time_in_one_server(rounds: Rounds, pools: ServerPools, request: HarnessRequ
                                Path(request.reference_cwd), trusted=True)
     except RoundsFailed as err:
         return {}, {"failure": "infra", "message": f"the baselines failed ({err.kind}): {err}", "run_log": err.output}
+    return _timings_of(runs, names, warmup)
+
+
+def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int) -> tuple[dict[str, dict], dict]:
+    """The baselines' timings from the runs of their servers in turn (one per baseline): (Timing dicts
+    by name, {}), or ({}, the infra failure to report)."""
+    timings: dict[str, dict] = {}
+    for name, server_runs in runs.items():
+        timed, failed = _timings_of(server_runs, (name,), warmup)
+        if failed:
+            return {}, failed
+        timings[name] = timed[name].__dict__
+    return timings, {}
+
+
+def _timings_of(runs: dict[str, PhaseRun], names: tuple[str, ...], warmup: int) -> tuple[dict[str, Timing], dict]:
+    """The named phases' timings, each less its server's null phase, or the infra failure when one cannot be timed."""
     null = runs["null"].staging_ns[warmup:]
     timings = {}
     for name in names:

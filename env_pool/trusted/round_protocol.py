@@ -103,7 +103,6 @@ class Rounds:
             raise RuntimeError("the task's reference returns something other than tensors; the environment times tensors only")
         self.layout = plan_layout(first, outputs, self.device, peak)
         self.scalars = [a.get("value") for a in self.layout.args]
-        self.control = Control.create()
         self.memory = SlotMemory.create(self.layout.size, self.device)
         self.arg_views = [self.memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
         # A GPU's arena, where the server's round allocates (env_pool/shared/arena.py): NaN (0xFF bytes)
@@ -134,9 +133,7 @@ class Rounds:
         return self.memory.size + sum(t.numel() * t.element_size() for t in tensors)
 
     def close(self) -> None:
-        self.control.close()
         self.memory.close()
-        os.close(self.control.fd)
         os.close(self.memory.fd)
 
     def fresh_inputs(self) -> list[Any]:
@@ -175,68 +172,11 @@ class Rounds:
         inputs = self.fresh_inputs()
         return [inputs] * count
 
-    def run_phase(self, server: Server, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
-                  sampler: CpuSampler | None = None, sampling: PhaseSampling | Disturbance | None = None,
-                  labels: list[str] | None = None) -> PhaseRun:
-        """Serve ``rounds`` to the ready, frozen phase and time each: input sets (None: fresh; a function:
-        the set it makes, made when its round comes), or a count of fresh ones. ``labels`` name each
-        round's kind of set in its check ("own" where none is given).
-
-        A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
-        while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
-        where it left them (env_pool/trusted/readout.py); the clock stopped. So the candidate computes
-        only inside its window, and a result not finished by DONE is read unfinished. With a
-        ``sampler``, the servers' CPUs are sampled from GO until the server is frozen again (all
-        the time it can run in a round); with ``sampling`` too, each round's samples are
-        attributed after the round (outside its time).
-        """
-        run = PhaseRun(code=sampling.ledger if sampling is not None else None,
-                       disturbance=sampling if isinstance(sampling, Disturbance) else None)
-        todo = rounds if isinstance(rounds, list) else [None] * rounds
-        freezer = server.start.freezer
-        for given in todo:
-            inputs = given() if callable(given) else given if given is not None else self.fresh_inputs()
-            nonce = self._prepare(inputs)
-            start = time.perf_counter_ns()
-            self._write_inputs(inputs)  # inside the window, the server frozen: no round's inputs exist before its clock runs
-            if sampler is not None:
-                sampler.enable(True)
-            go_at = time.perf_counter_ns()
-            self.control.words[GO] = nonce
-            freezer.thaw()
-            thawed_at = time.perf_counter_ns()
-            status = self._wait_done(server.thread, nonce, sampling)
-            done_at = time.perf_counter_ns()
-            if not freezer.freeze(server.thread.is_alive):
-                raise ServerGone()
-            frozen_at = time.perf_counter_ns()
-            if sampler is not None:
-                sampler.enable(False)
-            if status >= 0:
-                self._read_outputs(server)
-            synchronize(self.device)
-            end = time.perf_counter_ns()
-            run.samples_ns.append(end - start)
-            run.staging_ns.append((go_at - start) + (end - frozen_at))
-            run.settle_ns.append(frozen_at - done_at)
-            if status >= 0:
-                woke, placed, synced = (self.control.words[STAMPS + i] for i in range(STAMP_WORDS))
-                run.split_ns.append((thawed_at - go_at, woke - go_at, placed - woke, synced - placed, done_at - synced))
-            if sampling is not None:  # all the server could run in the round: GO until it was frozen again
-                sampling.round_done(go_at, frozen_at)
-            if status < 0:
-                kind, message = _kind_and_message(self.control.message(), "crash")
-                raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
-            run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
-            if check:
-                self._check(run, inputs, self.snapshots, labels[len(run.checks)] if labels else "own")
-        return run
-
-    def _read_outputs(self, server: Server) -> None:
+    def read_outputs(self, server: Server, control: Control) -> None:
         """Each output from where the frozen server says it lies, into the snapshots; an unreadable place is wrong."""
         pid = server.start.program_pid() if self.arena is None else None
         for k, snapshot in enumerate(self.snapshots):
-            where = int(self.control.words[OUTS + k])
+            where = int(control.words[OUTS + k])
             try:
                 if self.arena is not None:
                     read_arena(self.arena, where, snapshot)
@@ -249,7 +189,7 @@ class Rounds:
             except ProcessLookupError as err:
                 raise ServerGone() from err
 
-    def _prepare(self, inputs: list[Any]) -> int:
+    def prepare(self, inputs: list[Any], control: Control) -> int:
         """Everything before a round's clock starts; returns the round's nonce.
 
         The caches are flushed (every round starts cold) before the clock, and the inputs
@@ -263,15 +203,15 @@ class Rounds:
             if scalar is not None and value != scalar:
                 raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
         self.flusher()
-        self.control.words[DONE] = 0
+        control.words[DONE] = 0
         for i in range(STAMP_WORDS):
-            self.control.words[STAMPS + i] = 0
+            control.words[STAMPS + i] = 0
         for k in range(len(self.snapshots)):
-            self.control.words[OUTS + k] = NOWHERE
+            control.words[OUTS + k] = NOWHERE
         synchronize(self.device)
         return secrets.randbits(62) | (1 << 61)
 
-    def _write_inputs(self, inputs: list[Any]) -> None:
+    def write_inputs(self, inputs: list[Any]) -> None:
         for view, value in zip(self.arg_views, inputs):
             if view is None:
                 continue
@@ -282,8 +222,9 @@ class Rounds:
                 view.copy_(value)
         synchronize(self.device)
 
-    def _wait_done(self, thread: threading.Thread, nonce: int, sampling: PhaseSampling | None) -> int:
-        words = self.control.words
+    @staticmethod
+    def wait_done(control: Control, thread: threading.Thread, nonce: int, sampling: PhaseSampling | Disturbance | None) -> int:
+        words = control.words
         spins = 0
         while True:
             done = words[DONE]
@@ -296,7 +237,7 @@ class Rounds:
                 if sampling is not None:
                     sampling.poll()
 
-    def _check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor], label: str) -> None:
+    def check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor], label: str) -> None:
         # On the device: every round is checked, and a 128 MB output compared in float64 on the
         # host costs seconds a round (40 rounds of a level-1 GPU preset ran past the time limit).
         with torch.no_grad():
@@ -312,23 +253,23 @@ class Rounds:
             on = "" if label == "own" else f" (inputs: {label})"
             raise RoundsFailed("wrong", f"wrong on round {check.index}{on}: {check.reason}")
 
-    def wait_ready(self, phase: int, thread: threading.Thread, trusted: bool) -> None:
-        """Wait for the server's phase; a failed build is the candidate's in a server that loads its code.
+def wait_ready(control: Control, phase: int, thread: threading.Thread, trusted: bool) -> None:
+    """Wait for the server's phase; a failed build is the candidate's in a server that loads its code.
 
-        Such a server never reports "infra": whatever it writes may be the candidate's forgery (a
-        ModelNew can raise serve.py's own RoundError("infra")). The one real infra cause
-        there, a seccomp filter that will not install, is ruled out by seccomp_works() beforehand.
-        """
-        words = self.control.words
-        while words[READY] not in (phase + 1, -(phase + 1)):
-            if not thread.is_alive():
-                raise ServerGone()
-            time.sleep(0.001)  # model builds take seconds: no need to spin here
-        if words[READY] < 0:
-            kind, message = _kind_and_message(self.control.message(), "crash")
-            if trusted:
-                raise RoundsFailed(kind if kind in ("infra", "out_of_memory") else "infra", message)
-            raise RoundsFailed({"import": "compile_error", "out_of_memory": "out_of_memory"}.get(kind, "crash"), message)
+    Such a server never reports "infra": whatever it writes may be the candidate's forgery (a
+    ModelNew can raise serve.py's own RoundError("infra")). The one real infra cause
+    there, a seccomp filter that will not install, is ruled out by seccomp_works() beforehand.
+    """
+    words = control.words
+    while words[READY] not in (phase + 1, -(phase + 1)):
+        if not thread.is_alive():
+            raise ServerGone()
+        time.sleep(0.001)  # model builds take seconds: no need to spin here
+    if words[READY] < 0:
+        kind, message = _kind_and_message(control.message(), "crash")
+        if trusted:
+            raise RoundsFailed(kind if kind in ("infra", "out_of_memory") else "infra", message)
+        raise RoundsFailed({"import": "compile_error", "out_of_memory": "out_of_memory"}.get(kind, "crash"), message)
 
 
 def set_tf32(allowed: bool) -> None:
@@ -364,15 +305,15 @@ def claim_server(rounds: Rounds, pools: ServerPools, cwd: Path, trusted: bool) -
     return server
 
 
-def give_run(rounds: Rounds, server: Server, phases: list[str], trusted: bool) -> None:
+def give_run(rounds: Rounds, server: Server, control: Control, phases: list[str], trusted: bool) -> None:
     r = rounds.request
     payload = {"task": r.task, "backend": rounds.backend, "threads": r.threads, "phases": phases, "rules": rounds.rules.name,
                "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": r.compile_mode,
                "seccomp": r.seccomp, "watched": not trusted}
     for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
-        rounds.control.words[word] = 0
-    rounds.control.set_message("")
-    server.give(payload, (rounds.control.fd, rounds.memory.fd))
+        control.words[word] = 0
+    control.set_message("")
+    server.give(payload, (control.fd, rounds.memory.fd))
 
 
 @functools.lru_cache(maxsize=None)
@@ -407,32 +348,8 @@ Phase = tuple[str, list | int, bool, list[str] | None]  # name, its rounds, chec
 
 def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: Path,
                  trusted: bool) -> tuple[dict, dict]:
-    """Run a server through its phases; (PhaseRun per phase name, the server's report).
-
-    A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
-    of its own kernel.so is taken here, before the server is given its run.
-    """
-    sampler = open_sampler(rounds.request)
-    server = identity = None
-    try:
-        server = claim_server(rounds, pools, cwd, trusted)
-        identity = CodeIdentity.for_scratch(server.cwd, rounds.rules) if sampler is not None and not trusted else None
-        give_run(rounds, server, [phase[0] for phase in phases], trusted)
-        return _serve(rounds, pools, server, phases, sampler, identity, trusted)
-    finally:
-        if sampler is not None:
-            sampler.close()
-        if identity is not None:
-            identity.close()
-        if server is not None:
-            server.finish()
-        # a no-op where take() refilled already (a harness with CPUs to spare)
-        pools.of(trusted).refill(rounds.request.waiting_servers(trusted))
-
-
-def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phase],
-           sampler: CpuSampler | None, identity: CodeIdentity | None, trusted: bool) -> tuple[dict, dict]:
-    """The phases, each one's rounds with the pool quiet (waiting servers paused for timed rounds).
+    """Run a server through its phases, each one's rounds with the pool quiet (waiting servers
+    paused for timed rounds); (PhaseRun per phase name, the server's report).
 
     Only the rounds are paused: the wait for a phase (the server's own start-up when it was
     taken before it finished, its model build, a baseline's torch.compile) and the server's
@@ -440,73 +357,228 @@ def _serve(rounds: Rounds, pools: ServerPools, server: Server, phases: list[Phas
     too, start-ups could only progress between evaluations: each warm full-mode evaluation on
     the H100 then waited ~12 s for the start-up of the server it took.
     """
-    runs: dict[str, PhaseRun] = {}
-    failure: RoundsFailed | None = None
-    timed = rounds.request.mode == "full" or trusted
-    freezer = None
-    began = False  # the server said READY for its first phase (the null phase: no candidate code before it)
-    try:
-        for index, (name, todo, check, labels) in enumerate(phases):
-            rounds.wait_ready(index, server.thread, trusted)
-            began = True
-            freezer = server.start.freezer  # set as its sandbox started: long before it could say READY
-            if freezer is None:  # cgroup-freeze is required of every server (server_pool.Server): the sandbox's fault
-                raise RoundsFailed("infra", "the server's sandbox has no freezer (cgroup v2's cgroup.freeze or the v1 "
-                                            "freezer): its rounds cannot be confined to their timed window")
-            if not freezer.freeze(server.thread.is_alive):  # still from here until its first round's GO
-                raise ServerGone()
-            count = todo if isinstance(todo, int) else len(todo)
-            if sampler is not None:
-                sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
-            if sampler is None:
-                sampling = None
-            elif identity is not None:  # a candidate's server: which code did the work
-                sampling = PhaseSampling(sampler, server.pids(), identity, count)
+    session = Session(rounds, pools, [phase[0] for phase in phases], cwd, trusted)
+    with session:
+        for _, todo, check, labels in phases:
+            session.begin(todo if isinstance(todo, int) else len(todo))
+            with pools.quiet(session.timed):
+                session.serve(todo, check, labels)
+            session.end()
+        return session.finish()
+
+
+class Session:
+    """One server taken through its phases a step at a time, on a control block of its own.
+
+    ``serve_phases`` takes one server through all of its phases in turn; the harness's
+    interleaved timing (env_pool/trusted/in_turn.py) holds several, each frozen in its phase, and
+    serves their rounds in turn. A step that fails records why (``failure``, or the server gone)
+    and makes the later ones no-ops; ``finish`` ends the server and says what its failure was.
+    A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
+    of its own kernel.so is taken before the server is given its run.
+    """
+
+    def __init__(self, rounds: Rounds, pools: ServerPools, phases: list[str], cwd: Path, trusted: bool):
+        self.rounds, self.pools, self.phases, self.trusted = rounds, pools, phases, trusted
+        self.timed = rounds.request.mode == "full" or trusted
+        self.runs: dict[str, PhaseRun] = {}
+        self.run: PhaseRun | None = None  # the phase begun
+        self.sampling: PhaseSampling | Disturbance | None = None
+        self.failure: RoundsFailed | None = None
+        self.gone = False  # its process ended while the harness waited on it (its outcome says why)
+        self.began = False  # it said READY for its first phase (the null phase: no candidate code before it)
+        self.freezer = self.server = self.identity = None
+        self.stopped = False
+        self.control = Control.create()
+        self.sampler = None
+        try:
+            self.sampler = open_sampler(rounds.request)
+            self.server = claim_server(rounds, pools, cwd, trusted)
+            if self.sampler is not None and not trusted:
+                self.identity = CodeIdentity.for_scratch(self.server.cwd, rounds.rules)
+            give_run(rounds, self.server, self.control, phases, trusted)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and not self.gone
+
+    @property
+    def name(self) -> str:
+        return "the baselines' server" if self.trusted else "the candidate's server"
+
+    def _step(self, work: Callable[[], None]) -> bool:
+        """``work`` unless an earlier step failed; whether the server is still fine."""
+        if self.ok:
+            try:
+                work()
+            except RoundsFailed as err:
+                self.failure = err
+            except ServerGone:
+                self.gone = True
+        return self.ok
+
+    def begin(self, count: int) -> bool:
+        """Wait for the next phase (its model built) and freeze the server in it; its ``count`` rounds sampled."""
+        return self._step(lambda: self._begin(count))
+
+    def _begin(self, count: int) -> None:
+        server, index = self.server, len(self.runs)
+        wait_ready(self.control, index, server.thread, self.trusted)
+        self.began = True
+        self.freezer = server.start.freezer  # set as its sandbox started: long before it could say READY
+        if self.freezer is None:  # cgroup-freeze is required of every server (server_pool.Server): the sandbox's fault
+            raise RoundsFailed("infra", "the server's sandbox has no freezer (cgroup v2's cgroup.freeze or the v1 "
+                                        "freezer): its rounds cannot be confined to their timed window")
+        if not self.freezer.freeze(server.thread.is_alive):  # still from here until its first round's GO
+            raise ServerGone()
+        if self.sampler is None:
+            self.sampling = None
+        else:
+            self.sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
+            if self.identity is not None:  # a candidate's server: which code did the work
+                self.sampling = PhaseSampling(self.sampler, server.pids(), self.identity, count)
             else:  # a trusted server's: whether a build disturbed the rounds
-                sampling = Disturbance(sampler, server.pids())
-            with pools.quiet(timed):
-                runs[name] = run = rounds.run_phase(server, todo, check, sampler, sampling, labels)
-            log(f"  {name}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
-                f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
-                f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
-            if sampler is not None:
-                sampler.record_mappings(False)
-            rounds.control.words[GO] = next_phase(index) if index + 1 < len(phases) else STOP
-            freezer.thaw()
-    except RoundsFailed as err:
-        failure = err
-    except ServerGone:
-        pass  # the outcome below says why
-    finally:
-        rounds.control.words[GO] = STOP
-        if freezer is not None:
-            freezer.thaw()
-        server.thread.join()
-        rounds.control.words[READY] = 0
-        rounds.control.words[DONE] = 0
-    if "error" in server.box:
-        raise server.box["error"]
-    report = _untrusted_report(server.outcome)
-    report["output"] = server.outcome.output[-4000:]
-    report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
-    name = "the baselines' server" if trusted else "the candidate's server"
-    who = name if trusted else "the candidate"  # whom a failure message blames
-    log(f"  {name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
-    failure = _outcome_failure(server.outcome, report, failure, rounds.request.seccomp, who,
-                               rounds.request.server_memory_mb(trusted)) or failure
-    if failure is not None and failure.kind == "timeout" and not began:
-        # No candidate code runs before the first phase's READY (the null phase's): a server that
-        # never got there is the environment's, retried as infra.
-        failure = RoundsFailed("infra", f"{name} never began its first phase (no candidate code had run): "
-                                        "the environment's fault")
-    if failure is None and not trusted and not report["readable"]:
-        failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
-    if failure is not None:
-        failure.output, failure.violations = report["output"], report["violations"] + failure.violations
-        raise failure
-    if len(runs) < len(phases):
-        raise RoundsFailed("crash", "the server stopped before its rounds were done")
-    return runs, report
+                self.sampling = Disturbance(self.sampler, server.pids())
+        self.run = PhaseRun(code=self.sampling.ledger if self.sampling is not None else None,
+                            disturbance=self.sampling if isinstance(self.sampling, Disturbance) else None)
+
+    def serve(self, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
+              labels: list[str] | None = None) -> bool:
+        """Serve ``rounds`` to the frozen phase begun, each timed into its run: input sets (None: fresh;
+        a function: the set it makes, made when its round comes), or a count of fresh ones. ``labels``
+        name each round's kind of set in its check ("own" where none is given).
+
+        A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
+        while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
+        where it left them (env_pool/trusted/readout.py); the clock stopped. So the candidate computes
+        only inside its window, and a result not finished by DONE is read unfinished. With the
+        sampler, the servers' CPUs are sampled from GO until the server is frozen again (all the
+        time it can run in a round), and each round's samples attributed after the round.
+        """
+        todo = rounds if isinstance(rounds, list) else [None] * rounds
+        named = labels or ["own"] * len(todo)
+        return self._step(lambda: [self._round(given, check, label) for given, label in zip(todo, named)])
+
+    def _round(self, given: list[Any] | Callable[[], list[Any]] | None, check: bool, label: str) -> None:
+        r, run, control, sampler, sampling = self.rounds, self.run, self.control, self.sampler, self.sampling
+        inputs = given() if callable(given) else given if given is not None else r.fresh_inputs()
+        nonce = r.prepare(inputs, control)
+        start = time.perf_counter_ns()
+        r.write_inputs(inputs)  # inside the window, the server frozen: no round's inputs exist before its clock runs
+        if sampler is not None:
+            sampler.enable(True)
+        go_at = time.perf_counter_ns()
+        control.words[GO] = nonce
+        self.freezer.thaw()
+        thawed_at = time.perf_counter_ns()
+        status = r.wait_done(control, self.server.thread, nonce, sampling)
+        done_at = time.perf_counter_ns()
+        if not self.freezer.freeze(self.server.thread.is_alive):
+            raise ServerGone()
+        frozen_at = time.perf_counter_ns()
+        if sampler is not None:
+            sampler.enable(False)
+        if status >= 0:
+            r.read_outputs(self.server, control)
+        synchronize(r.device)
+        end = time.perf_counter_ns()
+        run.samples_ns.append(end - start)
+        run.staging_ns.append((go_at - start) + (end - frozen_at))
+        run.settle_ns.append(frozen_at - done_at)
+        if status >= 0:
+            woke, placed, synced = (control.words[STAMPS + i] for i in range(STAMP_WORDS))
+            run.split_ns.append((thawed_at - go_at, woke - go_at, placed - woke, synced - placed, done_at - synced))
+        if sampling is not None:  # all the server could run in the round: GO until it was frozen again
+            sampling.round_done(go_at, frozen_at)
+        if status < 0:
+            kind, message = _kind_and_message(control.message(), "crash")
+            raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
+        run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(r.arg_views, inputs))
+        if check:
+            r.check(run, inputs, r.snapshots, label)
+
+    def end(self) -> bool:
+        """The phase begun ends: the server goes on to its next one (or stops after its last)."""
+        return self._step(self._end)
+
+    def _end(self) -> None:
+        index, run = len(self.runs), self.run
+        self.runs[self.phases[index]] = run
+        log(f"  {self.phases[index]}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
+            f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
+            f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
+        if self.sampler is not None:
+            self.sampler.record_mappings(False)
+        self.control.words[GO] = next_phase(index) if index + 1 < len(self.phases) else STOP
+        self.freezer.thaw()
+
+    def finish(self) -> tuple[dict, dict]:
+        """The server ended and its outcome read: (PhaseRun per phase name, the server's report), or
+        its failure raised; the outcome's first (a kill explains a failed round)."""
+        self._stop()
+        server, trusted, failure = self.server, self.trusted, self.failure
+        if "error" in server.box:
+            raise server.box["error"]
+        report = _untrusted_report(server.outcome)
+        report["output"] = server.outcome.output[-4000:]
+        report["warm_server"] = server.warm  # the harness's own fact, beside the server's parsed words
+        who = self.name if trusted else "the candidate"  # whom a failure message blames
+        log(f"  {self.name}: highest host memory seen {server.outcome.peak_memory_mb:.0f} MB")  # beside its limit (memory_limit)
+        failure = _outcome_failure(server.outcome, report, failure, self.rounds.request.seccomp, who,
+                                   self.rounds.request.server_memory_mb(trusted)) or failure
+        if failure is not None and failure.kind == "timeout" and not self.began:
+            # No candidate code runs before the first phase's READY (the null phase's): a server that
+            # never got there is the environment's, retried as infra.
+            failure = RoundsFailed("infra", f"{self.name} never began its first phase (no candidate code had run): "
+                                            "the environment's fault")
+        if failure is None and not trusted and not report["readable"]:
+            failure = RoundsFailed("crash", "the server's report was missing or unreadable (its result channel was written to)")
+        if failure is not None:
+            failure.output, failure.violations = report["output"], report["violations"] + failure.violations
+            raise failure
+        if len(self.runs) < len(self.phases):
+            raise RoundsFailed("crash", "the server stopped before its rounds were done")
+        return self.runs, report
+
+    def _stop(self) -> None:
+        """STOP, the server thawed and its process awaited (once)."""
+        if self.server is None or self.stopped:
+            return
+        self.stopped = True
+        self.control.words[GO] = STOP
+        if self.freezer is not None:
+            self.freezer.thaw()
+        self.server.thread.join()
+
+    def close(self) -> None:
+        """Everything the session holds released (the server stopped first, if it was not)."""
+        try:
+            self._stop()
+        finally:
+            if self.sampler is not None:
+                self.sampler.close()
+                self.sampler = None
+            if self.identity is not None:
+                self.identity.close()
+                self.identity = None
+            if self.server is not None:
+                self.server.finish()
+                # a no-op where take() refilled already (a harness with CPUs to spare)
+                self.pools.of(self.trusted).refill(self.rounds.request.waiting_servers(self.trusted))
+                self.server = None
+            if self.control is not None:
+                self.control.close()
+                os.close(self.control.fd)
+                self.control = None
 
 
 def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool,
