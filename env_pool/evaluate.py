@@ -282,7 +282,9 @@ async def _run_steps(ctx, task, files, mode, backend, scratch, private, result) 
         if verdict.get("failure") == "timeout" and ctx.after_timeout is not None:
             await ctx.after_timeout()  # before the lane is released: the next run must not start on a hung device
     verdict = await asyncio.to_thread(machine_at_fault, verdict, split_cpus(int(ctx.cfg.threads)).servers, ctx.harness)
-    if baseline:
+    if verdict.get("in_turn"):
+        verdict = plausible_in_turn(verdict)
+    elif baseline:
         verdict = keep_baselines(ctx, key, verdict)
     _judge(ctx, key, verdict, result, timed=mode == "full")
     if stretch_drift(result) > STALE_STRETCH:  # cached in another stretch, or disturbed: timed again next time
@@ -469,6 +471,23 @@ def keep_baselines(ctx: EvalContext, key: tuple[str, str], verdict: dict) -> dic
     if passed:
         return {"failure": "infra", "message": f"the baselines measured implausibly ({measured}); retried"}
     return verdict
+
+
+def plausible_in_turn(verdict: dict) -> dict:
+    """The verdict of baselines timed in turn with the candidate, which are never cached (a candidate
+    beside their rounds may have disturbed them): implausible ones withhold the speed claim.
+
+    Not infra, as cached ones are: a retry would time fresh baselines in fresh servers, a reroll
+    a candidate could force whenever its odds looked poor.
+    """
+    if not (verdict.get("eager") and verdict.get("compiled") and verdict.get("candidate")):
+        return verdict
+    if _plausible(Baseline(Timing(**verdict["eager"]), Timing(**verdict["compiled"]))):
+        return verdict
+    kept = {k: v for k, v in verdict.items() if k != "candidate"}
+    kept["timing_note"] = ("the baselines timed beside your rounds were too noisy to compare with (an IQR over twice "
+                           "the median): speed not judged")
+    return kept
 
 
 def _plausible(base: Baseline) -> bool:

@@ -21,7 +21,7 @@ the candidate's shows as the recheck's distance from it.
 
 Widened so, the interval stays honest but the milestone does not agree from one evaluation to
 the next. So on the cpp backend each full evaluation times its baselines in turn with the
-candidate (env.baseline_timing, env_pool/trusted/in_turn.py): round k of each side is one turn's,
+candidate (env.baseline_timing, env_pool/trusted/turns.py): round k of each side is one turn's,
 in one stretch, and the bootstrap resamples whole turns, with nothing widened.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def speedup_interval(baseline: Timing | None, candidate: Timing | None, confiden
 
     Timed apart, each side's rounds are resampled on their own and the interval widened at both
     ends by the largest drift: each timing's own, or ``between`` their stretches (stretch_drift).
-    Timed ``in_turn`` (round k of each in one turn, env_pool/trusted/in_turn.py), whole turns are
+    Timed ``in_turn`` (round k of each in one turn, env_pool/trusted/turns.py), whole turns are
     resampled and nothing is widened: a drift moved both sides of every turn together."""
     if baseline is None or candidate is None or not baseline.samples_ms or not candidate.samples_ms:
         return None

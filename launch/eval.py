@@ -40,6 +40,7 @@ from actors.seeding import seed_process
 from actors.storage import RunStorage, absolute_spec
 from actors.system import retry_while_restarting, start_env_workers, start_generators
 from actors.topology import Reservation, plan_resources, reserve, start_cluster
+from env_pool.evaluate import times_in_turn
 from launch.embedded_model import resolve_policy
 from launch.sweep_records import (AUDIT, AUTOTUNE, RESULTS, check_identity, episode_id, episode_record, eval_fields,
                                   find_solutions, latest_records, record_machine, recorded_identity, save_solution,
@@ -80,7 +81,9 @@ class Sweep:
         return {"policy": self.policy, "backend": str(self.cfg.env.backend),
                 "max_turns": int(self.cfg.eval.max_turns), "compile_mode": str(self.cfg.env.compile_mode),
                 "rules": str(self.cfg.env.rules),
-                "confidence": float(self.cfg.env.reward.confidence)}
+                "confidence": float(self.cfg.env.reward.confidence),
+                # the baselines timed in turn with each candidate, or once per task (env.baseline_timing)
+                "baseline_timing": "in_turn" if times_in_turn(self.cfg.env, str(self.cfg.env.backend)) else "cached"}
 
 
 def build_sweep(cfg: Any, policy: str | None, task_paths: list[str] | None, out: str | None,

@@ -254,8 +254,10 @@ def rules_line(identity: dict[str, Any]) -> str:
     """The rule set a sweep was judged under, and what it means (a sweep from before rule sets: strict)."""
     rules = rules_named(identity.get("rules", "strict"))
     confidence = identity.get("confidence")
+    timing = {"in_turn": "; baselines timed in turn with each candidate",
+              "cached": "; baselines timed once per task, apart from the candidates"}.get(identity.get("baseline_timing"), "")
     return (f"rules {rules.name}: {rules.summary}"
-            + (f"; speed milestones at {confidence:.0%} confidence" if confidence else ""))
+            + (f"; speed milestones at {confidence:.0%} confidence" if confidence else "") + timing)
 
 
 def sweep_conditions(summary: dict[str, Any], identity: dict[str, Any]) -> str:

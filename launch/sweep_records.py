@@ -24,9 +24,9 @@ from tasks.task import Task, TaskError
 RESULTS, AUDIT, AUTOTUNE, SWEEP = "results.jsonl", "audit.jsonl", "autotune.jsonl", "sweep.json"
 SOLUTIONS = "solutions"
 # What must match between a sweep's runs for their results to share one report.
-IDENTITY = ("policy", "backend", "max_turns", "compile_mode", "rules", "confidence")
+IDENTITY = ("policy", "backend", "max_turns", "compile_mode", "rules", "confidence", "baseline_timing")
 # What a sweep folder recorded before its identity had the key: a sweep resumes under them.
-IDENTITY_BEFORE = {"rules": "strict"}
+IDENTITY_BEFORE = {"rules": "strict", "baseline_timing": "cached"}
 
 
 # --------------------------------------------------------------------------- the results files

@@ -31,6 +31,7 @@
 #             and 1 (seed 1 learned on 2026-11-27; at the full rate it settled on one word, H100 seed 0
 #             and CPU seed 1; at half the rate 12 steps moved it by 0.08-0.27, H100 seeds 0-2)
 #   synthtest the gpu test of synth's memory share (tests/test_synth.py; needs .whl's wheels)
+#   harness   the round protocol's gpu tests (tests/test_harness.py; needs .whl's wheels)
 #   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 set -uo pipefail
@@ -94,6 +95,7 @@ queue() {
       seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
       async) learn_check learn-async stage.asynchronous=true ;;
       synthtest) step synthtest 300 bash scripts/run_gpu_tests.sh tests/test_synth.py -k gpu ;;
+      harness) step harness 420 bash scripts/run_gpu_tests.sh tests/test_harness.py ;;
       *) echo "unknown step $name" >> "$WAVE/status" ;;
     esac
   done
@@ -111,8 +113,8 @@ case "${1:?start [STEP ...] or wait SECONDS}" in
 start)
   shift
   # done in the leases of 2026-11-27 (name them to redo them): size, paper, corpus, learn, async,
-  # synthtest, synth, nosampler, recheck, hostcost, noseccomp, idle
-  [ $# -gt 0 ] || set -- idle hostcost fidelity
+  # synthtest, synth, nosampler, recheck, hostcost, noseccomp, idle (idle and hostcost again on 2026-11-28)
+  [ $# -gt 0 ] || set -- harness fidelity
   mkdir -p "$WAVE"
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb

@@ -135,9 +135,10 @@ def test_the_report_names_its_rule_set_and_each_speedups_interval():
     decided by the speedup's interval, not the ratio of medians alone."""
     r = {**scored("03_softmax", 1, 2, 1.5, 0.05), "interval_eager": [1.21, 1.84], "interval_compile": [1.2, 1.8]}
     s = summarize([r], [], [], [1], False)
-    strict = render_markdown(s, {**CPU_SWEEP, "rules": "strict", "confidence": 0.95}, False)
+    strict = render_markdown(s, {**CPU_SWEEP, "rules": "strict", "confidence": 0.95, "baseline_timing": "in_turn"}, False)
     setting = strict.splitlines()[2]
     assert "rules strict: float32 outputs within 1e-4" in setting and "at 95% confidence" in setting, setting
+    assert "baselines timed in turn with each candidate" in setting, setting
     softmax = next(line for line in strict.splitlines() if line.startswith("| level1/03_softmax |"))
     assert "1.50x [1.21-1.84]" in softmax and "1.50x [1.20-1.80]" in softmax, softmax
     assert "under the strict rules" in strict
@@ -155,11 +156,14 @@ def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_b
     from launch.sweep_records import SWEEP, check_identity
 
     identity = {"policy": "vllm:x", "backend": "cpp", "max_turns": 200, "compile_mode": "default", "rules": "strict",
-                "confidence": 0.95}
+                "confidence": 0.95, "baseline_timing": "cached"}
     check_identity(tmp_path, identity)
     with pytest.raises(ConfigError, match="rules: 'strict' there, 'paper' now"):
         check_identity(tmp_path, {**identity, "rules": "paper"})
-    old = {k: v for k, v in identity.items() if k != "rules"}  # recorded before env.rules existed: strict
+    with pytest.raises(ConfigError, match="baseline_timing: 'cached' there, 'in_turn' now"):
+        check_identity(tmp_path, {**identity, "baseline_timing": "in_turn"})
+    # recorded before env.rules and env.baseline_timing existed: strict, cached
+    old = {k: v for k, v in identity.items() if k not in ("rules", "baseline_timing")}
     (tmp_path / SWEEP).write_text(json.dumps(old))
     check_identity(tmp_path, identity)
     # A report of a folder made before the speed interval describes it as it was made, and is not refused.
@@ -169,4 +173,4 @@ def test_a_sweep_folder_refuses_results_under_other_rules_and_resumes_one_from_b
     (tmp_path / SWEEP).write_text(json.dumps(older))
     with pytest.raises(ConfigError, match="confidence: None there"):
         check_identity(tmp_path, identity)
-    assert recorded_identity(tmp_path, identity) == {**older, "rules": "strict"}
+    assert recorded_identity(tmp_path, identity) == {**older, "rules": "strict", "baseline_timing": "cached"}

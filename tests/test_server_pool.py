@@ -176,7 +176,8 @@ def test_a_full_evaluation_pauses_the_waiting_servers_for_its_rounds_only(tmp_pa
     from scripts.profile_harness import InProcessHarness
 
     monkeypatch.setattr(server_pool, "contended", lambda: True)  # shielded, as on a GPU or 2 cores
-    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warm_servers=2))
+    # Cached baselines (env.baseline_timing): the known ones below keep the full evaluation to the candidate's phases.
+    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warm_servers=2, baseline_timing="cached", repetitions=30))
     ctx._harness = inproc = InProcessHarness()
     seen: dict[str, list[bool]] = {"wait": [], "rounds": []}
 

@@ -13,7 +13,7 @@ kept warm by env_pool/trusted/harness_process.py, one per worker). It decides ev
   output fails; inputs are compared with the private copies after each round (mutation);
 - baselines: eager and torch.compile served by trusted servers under the same protocol,
   sandbox, CPU set and thread count as the candidate: on the cpp backend in turn with the
-  candidate's timed rounds, a round of each per turn (env.baseline_timing, env_pool/trusted/in_turn.py);
+  candidate's timed rounds, a round of each per turn (env.baseline_timing, env_pool/trusted/turns.py);
   otherwise before it, once per task per worker, and then eager again right after the
   candidate's timed rounds (env.eager_recheck), to see whether the machine's speed moved
   since the baselines were timed;
@@ -47,7 +47,7 @@ from env_pool.isolation.sandbox import SandboxError
 from env_pool.shared.inputs import ADVERSARIAL, adversarial
 from env_pool.trusted.code_sampler import judge
 from env_pool.trusted.harness_request import HarnessRequest
-from env_pool.trusted.in_turn import BASELINES, BaselinesFailed, serve_in_turn
+from env_pool.trusted.turns import BASELINES, BaselinesFailed, serve_candidate
 from env_pool.trusted.round_protocol import (NULL_ROUNDS, PhaseRun, Rounds, RoundsFailed, above_protocol_noise, net_timing,
                                              pooled, seccomp_works, serve_phases, set_tf32)
 from env_pool.trusted.server_pool import ServerPools, log
@@ -69,7 +69,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
     # them returned its input there and computed only on the checked sets (rt3_relu_sign_probe).
     timed_set = rounds.transformed(sets.needed[0]) if sets.needed else None
     timed_label = sets.needed[0] if sets.needed else "own"
-    in_turn = full and request.in_turn  # the baselines' timed rounds in turn with the candidate's (env_pool/trusted/in_turn.py)
+    in_turn = full and request.in_turn  # the baselines' timed rounds in turn with the candidate's (env_pool/trusted/turns.py)
     if request.baseline and not in_turn:
         timings, failed = time_baselines(rounds, pools, request, BASELINES, timed_set, request.baseline_servers)
         if failed:
@@ -103,16 +103,15 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
     phases = [("null", rounds.null_rounds(warmup + reps if full else NULL_ROUNDS), False, None),
               ("candidate", candidate_rounds, True, labels)]
     try:
-        if in_turn:
-            runs, report, baseline_runs = serve_in_turn(rounds, pools, request, phases, timed_set)
-        else:
-            runs, report = serve_phases(rounds, pools, phases, Path(request.scratch), trusted=False)
+        runs, report, baseline_runs, served = serve_candidate(rounds, pools, request, phases, timed_set,
+                                                              warmup + reps if full else 0, BASELINES if in_turn else ())
     except RoundsFailed as err:
         result.update(failure=err.kind, message=str(err), run_log=err.output, violations=err.violations)
         return result
-    except BaselinesFailed as err:
-        result.update(failure="infra", message=str(err), run_log=err.output)
+    except BaselinesFailed as err:  # the candidate's violations, if any, fail it all the same
+        result.update(failure="infra", message=str(err), run_log=err.output, violations=err.violations)
         return result
+    reps = served - warmup  # the timed turns served: past MIN_TURNS, their time budget may end them early
     if in_turn:
         timings, failed = baseline_timings(baseline_runs, warmup)
         if failed:

@@ -104,7 +104,7 @@ class Rounds:
         self.layout = plan_layout(first, outputs, self.device, peak)
         self.scalars = [a.get("value") for a in self.layout.args]
         self.memory = SlotMemory.create(self.layout.size, self.device)
-        self.arg_views = [self.memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
+        self.arg_views = self.slot_views(self.memory)
         # A GPU's arena, where the server's round allocates (env_pool/shared/arena.py): NaN (0xFF bytes)
         # to start with, so an output that was never written cannot pass.
         self.arena = self.memory.view(self.layout.arena).fill_(0xFF) if self.device == "cuda" else None
@@ -211,8 +211,12 @@ class Rounds:
         synchronize(self.device)
         return secrets.randbits(62) | (1 << 61)
 
-    def write_inputs(self, inputs: list[Any]) -> None:
-        for view, value in zip(self.arg_views, inputs):
+    def slot_views(self, memory: SlotMemory) -> list[torch.Tensor | None]:
+        """Each forward argument's slot in ``memory`` (None for a constant)."""
+        return [memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
+
+    def write_inputs(self, inputs: list[Any], views: list[torch.Tensor | None]) -> None:
+        for view, value in zip(views, inputs):
             if view is None:
                 continue
             if self.device == "cpu" and value.is_contiguous() and value.dtype == view.dtype:
@@ -305,7 +309,7 @@ def claim_server(rounds: Rounds, pools: ServerPools, cwd: Path, trusted: bool) -
     return server
 
 
-def give_run(rounds: Rounds, server: Server, control: Control, phases: list[str], trusted: bool) -> None:
+def give_run(rounds: Rounds, server: Server, control: Control, memory: SlotMemory, phases: list[str], trusted: bool) -> None:
     r = rounds.request
     payload = {"task": r.task, "backend": rounds.backend, "threads": r.threads, "phases": phases, "rules": rounds.rules.name,
                "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": r.compile_mode,
@@ -313,7 +317,7 @@ def give_run(rounds: Rounds, server: Server, control: Control, phases: list[str]
     for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
         control.words[word] = 0
     control.set_message("")
-    server.give(payload, (control.fd, rounds.memory.fd))
+    server.give(payload, (control.fd, memory.fd))
 
 
 @functools.lru_cache(maxsize=None)
@@ -371,14 +375,15 @@ class Session:
     """One server taken through its phases a step at a time, on a control block of its own.
 
     ``serve_phases`` takes one server through all of its phases in turn; the harness's
-    interleaved timing (env_pool/trusted/in_turn.py) holds several, each frozen in its phase, and
+    interleaved timing (env_pool/trusted/turns.py) holds several, each frozen in its phase, and
     serves their rounds in turn. A step that fails records why (``failure``, or the server gone)
     and makes the later ones no-ops; ``finish`` ends the server and says what its failure was.
     A candidate's server has each phase's CPU samples attributed (PhaseRun.code); the identity
     of its own kernel.so is taken before the server is given its run.
     """
 
-    def __init__(self, rounds: Rounds, pools: ServerPools, phases: list[str], cwd: Path, trusted: bool):
+    def __init__(self, rounds: Rounds, pools: ServerPools, phases: list[str], cwd: Path, trusted: bool,
+                 own_memory: bool = False):
         self.rounds, self.pools, self.phases, self.trusted = rounds, pools, phases, trusted
         self.timed = rounds.request.mode == "full" or trusted
         self.runs: dict[str, PhaseRun] = {}
@@ -390,13 +395,20 @@ class Session:
         self.freezer = self.server = self.identity = None
         self.stopped = False
         self.control = Control.create()
+        # Slots of its own (the CPU only, where outputs are read from the server's memory): a server
+        # beside another's rounds (in turn) must not share the memory the other's inputs are written
+        # to. A candidate that punched holes in shared slots (fallocate, MADV_REMOVE) after its round
+        # had the next round, a baseline's, fault every input page back in on the baseline's clock.
+        self.own_memory = SlotMemory.create(rounds.layout.size, "cpu") if own_memory else None
+        self.memory = self.own_memory or rounds.memory
+        self.arg_views = rounds.slot_views(self.memory) if own_memory else rounds.arg_views
         self.sampler = None
         try:
             self.sampler = open_sampler(rounds.request)
             self.server = claim_server(rounds, pools, cwd, trusted)
             if self.sampler is not None and not trusted:
                 self.identity = CodeIdentity.for_scratch(self.server.cwd, rounds.rules)
-            give_run(rounds, self.server, self.control, phases, trusted)
+            give_run(rounds, self.server, self.control, self.memory, phases, trusted)
         except BaseException:
             self.close()
             raise
@@ -442,12 +454,11 @@ class Session:
             raise ServerGone()
         if self.sampler is None:
             self.sampling = None
-        else:
+        elif self.identity is not None:  # a candidate's server: which code did the work
             self.sampler.record_mappings(True)  # before PhaseSampling reads the maps: no change goes unrecorded
-            if self.identity is not None:  # a candidate's server: which code did the work
-                self.sampling = PhaseSampling(self.sampler, server.pids(), self.identity, count)
-            else:  # a trusted server's: whether a build disturbed the rounds
-                self.sampling = Disturbance(self.sampler, server.pids())
+            self.sampling = PhaseSampling(self.sampler, server.pids(), self.identity, count)
+        else:  # a trusted server's: whether a build disturbed the rounds (no mappings read: none recorded)
+            self.sampling = Disturbance(self.sampler, server.pids())
         self.run = PhaseRun(code=self.sampling.ledger if self.sampling is not None else None,
                             disturbance=self.sampling if isinstance(self.sampling, Disturbance) else None)
 
@@ -473,7 +484,7 @@ class Session:
         inputs = given() if callable(given) else given if given is not None else r.fresh_inputs()
         nonce = r.prepare(inputs, control)
         start = time.perf_counter_ns()
-        r.write_inputs(inputs)  # inside the window, the server frozen: no round's inputs exist before its clock runs
+        r.write_inputs(inputs, self.arg_views)  # inside the window, the server frozen: no round's inputs exist before its clock runs
         if sampler is not None:
             sampler.enable(True)
         go_at = time.perf_counter_ns()
@@ -502,7 +513,7 @@ class Session:
         if status < 0:
             kind, message = _kind_and_message(control.message(), "crash")
             raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
-        run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(r.arg_views, inputs))
+        run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
         if check:
             r.check(run, inputs, r.snapshots, label)
 
@@ -516,7 +527,7 @@ class Session:
         log(f"  {self.phases[index]}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
             f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
             f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
-        if self.sampler is not None:
+        if self.sampler is not None and self.identity is not None:
             self.sampler.record_mappings(False)
         self.control.words[GO] = next_phase(index) if index + 1 < len(self.phases) else STOP
         self.freezer.thaw()
@@ -554,6 +565,8 @@ class Session:
         if self.server is None or self.stopped:
             return
         self.stopped = True
+        if not self.server.start.given:  # never given its run: server.finish() cancels it (a join would wait for ever)
+            return
         self.control.words[GO] = STOP
         if self.freezer is not None:
             self.freezer.thaw()
@@ -575,10 +588,12 @@ class Session:
                 # a no-op where take() refilled already (a harness with CPUs to spare)
                 self.pools.of(self.trusted).refill(self.rounds.request.waiting_servers(self.trusted))
                 self.server = None
-            if self.control is not None:
-                self.control.close()
-                os.close(self.control.fd)
-                self.control = None
+            self.arg_views = []  # its own slots' views gone first: a mapping with live views cannot be closed
+            for block in (self.control, self.own_memory):
+                if block is not None:
+                    block.close()
+                    os.close(block.fd)
+            self.control = self.own_memory = None
 
 
 def _outcome_failure(outcome: SandboxOutcome, report: dict, failure: RoundsFailed | None, seccomp_on: bool,

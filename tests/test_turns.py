@@ -1,4 +1,4 @@
-"""Baselines timed in turn with the candidate (env.baseline_timing, env_pool/trusted/in_turn.py), on the cpp backend."""
+"""The candidate's rounds served in turns (env_pool/trusted/turns.py): alone, or on cpp in turn with its baselines (env.baseline_timing)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import pytest
 
 from configs.schema import EnvConfig
 from env_pool.evaluate import EvalContext, evaluate, times_in_turn
-from env_pool.trusted import round_protocol
+from env_pool.trusted import round_protocol, turns
 from scripts.profile_harness import InProcessHarness
 from tasks.loader import load_tasks
 from tests.corpus_cases import CORPUS, files_of
@@ -17,7 +17,11 @@ from tests.corpus_cases import CORPUS, files_of
 def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each_per_turn(tmp_path, monkeypatch):
     """Every server built and frozen first; then each turn one round of each, in a rotating order;
     the speedups read turn by turn. Timed apart (cached), the baselines ran seconds before the
-    candidate, and the 2-core machine's drift between the stretches decided its milestones."""
+    candidate, and the 2-core machine's drift between the stretches decided its milestones. The
+    turns stop at their time budget once the least count is served (here at once: 2 warm-up and
+    4 timed turns of env.repetitions' 6)."""
+    monkeypatch.setattr(turns, "BUDGET_SHARE", 0.0)
+    monkeypatch.setattr(turns, "MIN_TURNS", 4)
     served: list[str] = []
     original = round_protocol.Session._round
 
@@ -35,18 +39,21 @@ def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each
     finally:
         inproc.close()
     assert result.failure is None, result.message
-    assert result.timed_in_turn and all(len(t.samples_ms) == 6 for t in (result.eager, result.compiled, result.candidate))
-    timed = served[-3 * 8:]  # 2 warm-up and 6 timed turns
+    assert result.timed_in_turn and len(result.eager.samples_ms) == len(result.compiled.samples_ms) == 4
+    # Four turns on a busy 2-core machine may leave a baseline too noisy to compare with: no speed claim then.
+    assert (result.candidate is not None and len(result.candidate.samples_ms) == 4) or "too noisy" in result.message
+    assert len(result.checks) == len([s for s in served if s == "candidate:candidate"])  # every candidate round checked
+    timed = served[-3 * 6:]  # 2 warm-up and 4 timed turns
     turn = ["candidate:candidate", "compiled:compiled", "eager:eager"]
     assert all(sorted(timed[k:k + 3]) == turn for k in range(0, len(timed), 3)), timed
-    assert len({tuple(timed[k:k + 3]) for k in range(0, 9, 3)}) == 3, timed  # the order rotates
+    assert len({tuple(timed[k:k + 3]) for k in range(0, 18, 3)}) == 6, timed  # every order, once each
     # Before the turns: the baselines' null phases (then their builds), then the candidate's null
     # phase and its checked rounds, alone.
     before = served[:-len(timed)]
     first = before.index("candidate:null")
     assert set(before[:first]) == {"eager:null", "compiled:null"}, before
     assert set(before[first:]) == {"candidate:null", "candidate:candidate"}, before
-    assert result.eager_interval and result.compile_interval
+    assert result.candidate is None or (result.eager_interval and result.compile_interval)
 
 
 @pytest.mark.parametrize("settings, backend, in_turn", [
@@ -68,3 +75,26 @@ def test_baselines_are_timed_in_turn_on_cpp_by_default_and_refused_where_that_ca
             EvalContext(cfg=cfg)
     else:
         assert times_in_turn(cfg, backend) is in_turn
+
+
+def test_timers_a_server_left_set_are_found_in_its_process():
+    """A frozen candidate's armed timers still go off, into the next round, a baseline's (corpus
+    timers_into_next_round); the harness looks for them in the process after each of its rounds."""
+    import os
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import ctypes, signal, sys, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "ids = [ctypes.c_void_p() for _ in range(3)]\n"
+        "made = [libc.timer_create(1, None, ctypes.byref(t)) for t in ids]\n"  # CLOCK_MONOTONIC, SIGALRM
+        "print(made, flush=True); sys.stdin.read()")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "[0, 0, 0]"
+        assert turns.timers_left({holder.pid}) == "left 3 POSIX timer(s) set after its round, to go off in the next one's"
+        assert turns.timers_left({os.getpid()}) == ""  # this process holds none
+    finally:
+        holder.kill()
+        holder.wait()
+    assert turns.timers_left({holder.pid}) == ""  # gone
