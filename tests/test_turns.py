@@ -80,20 +80,23 @@ def test_baselines_are_timed_in_turn_on_cpp_by_default_and_refused_where_that_ca
 def test_timers_a_server_left_set_are_found_in_its_process():
     """A frozen candidate's armed timers still go off, into the next round, a baseline's (corpus
     timers_into_next_round); the harness looks for them in the process after each of its rounds."""
-    import os
     import subprocess
     import sys
 
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import ctypes, signal, sys, time\n"
+        "import ctypes, sys\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "ids = [ctypes.c_void_p() for _ in range(3)]\n"
+        "print('none yet', flush=True); sys.stdin.readline()\n"
         "made = [libc.timer_create(1, None, ctypes.byref(t)) for t in ids]\n"  # CLOCK_MONOTONIC, SIGALRM
         "print(made, flush=True); sys.stdin.read()")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline().strip() == "none yet"
+        assert turns.timers_left({holder.pid}) == ""
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
         assert holder.stdout.readline().strip() == "[0, 0, 0]"
         assert turns.timers_left({holder.pid}) == "left 3 POSIX timer(s) set after its round, to go off in the next one's"
-        assert turns.timers_left({os.getpid()}) == ""  # this process holds none
     finally:
         holder.kill()
         holder.wait()
