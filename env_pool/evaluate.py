@@ -537,7 +537,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     cfg = ctx.cfg
     request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
                               ctx.private_paths)
-    in_turn = mode == "full" and times_in_turn(cfg, backend)
+    in_turn = mode == "full" and request.in_turn
     recheck = mode == "full" and bool(cfg.eager_recheck)  # the eager baseline timed again after the candidate's rounds
     servers = 1 if in_turn else int(cfg.baseline_servers) if baseline else 0
     limit = (HARNESS_START_S + cfg.run_timeout_s + servers * (cfg.run_timeout_s + cfg.compile_timeout_s)

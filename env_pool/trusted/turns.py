@@ -96,7 +96,7 @@ def _null_then_begin(session: Session, pools: ServerPools, null: list, count: in
 
 def _turns(candidate: Session, baselines: list[Session], todo: list, labels: list[str], timed_set: Any,
            at_least: int, budget_s: float) -> int:
-    """One round of each server per turn, in ORDERS' order; the turns served. Stops at the first
+    """One round of each server per turn, through every order of them; the turns served. Stops at the first
     failure, and past ``budget_s`` once ``at_least`` turns are served."""
     servers = [candidate, *baselines]
     orders = list(itertools.permutations(range(len(servers))))  # all of them, in turn: each server follows each as often
@@ -159,20 +159,20 @@ def _leader(pid: int) -> bool:
 
 
 def _runs_of(session: Session) -> dict[str, PhaseRun]:
+    """A baselines' server's runs, or why it failed, raised as BaselinesFailed."""
     try:
         runs, _ = session.finish()
     except Exception as err:
-        raise BaselinesFailed(f"the baselines failed: {err}", getattr(err, "output", "")) from err
+        kind = getattr(err, "kind", type(err).__name__)
+        raise BaselinesFailed(f"the baselines failed ({kind}): {err}", getattr(err, "output", "")) from err
     return runs
 
 
 def _baselines_failure(baselines: list[Session]) -> BaselinesFailed:
     """Why the baselines' servers failed, from the first one that did."""
-    for session in baselines:
-        if not session.ok:
-            try:
-                session.finish()
-            except Exception as err:
-                kind = getattr(err, "kind", type(err).__name__)
-                return BaselinesFailed(f"the baselines failed ({kind}): {err}", getattr(err, "output", ""))
+    for session in (s for s in baselines if not s.ok):
+        try:
+            _runs_of(session)
+        except BaselinesFailed as err:
+            return err
     return BaselinesFailed("the baselines failed: a server stopped before its rounds were done")
