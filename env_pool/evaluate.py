@@ -132,6 +132,10 @@ class EvalContext:
     def __post_init__(self) -> None:
         if self.cfg is not None:  # a timing setting that cannot hold fails here, not in each evaluation
             times_in_turn(self.cfg, str(self.cfg.backend))
+            if int(self.cfg.calls_per_round) < 0 or int(self.cfg.round_memory_mb) < 1:
+                raise ValueError(f"env.calls_per_round={self.cfg.calls_per_round} and env.round_memory_mb="
+                                 f"{self.cfg.round_memory_mb}: calls_per_round is 0 (chosen per task) or a count of "
+                                 "calls, round_memory_mb a positive size in MB")
 
     @property
     def gate(self) -> BuildGate:
@@ -535,8 +539,9 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
     """One request to the worker's warm trusted harness (env_pool/trusted/harness_process.py); a request
     that times baselines runs with the worker's builds kept off the timing CPUs (BuildGate)."""
     cfg = ctx.cfg
+    cached = None if baseline else ctx.baselines.get((task.id, backend))
     request = harness_request(cfg, task, backend, mode, baseline, Path(scratch), Path(private), ctx.reference_dir / "inductor",
-                              ctx.private_paths)
+                              ctx.private_paths, cached.eager.calls if cached else int(cfg.calls_per_round))
     in_turn = mode == "full" and request.in_turn
     recheck = mode == "full" and bool(cfg.eager_recheck)  # the eager baseline timed again after the candidate's rounds
     servers = 1 if in_turn else int(cfg.baseline_servers) if baseline else 0
@@ -546,8 +551,9 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
 
 
 def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, scratch: Path, private: Path,
-                    inductor_dir: Path, hidden: list[Path]) -> HarnessRequest:
-    """The harness's request for one evaluation, from the env config (env.*) and this worker's folders."""
+                    inductor_dir: Path, hidden: list[Path], calls: int) -> HarnessRequest:
+    """The harness's request for one evaluation, from the env config (env.*) and this worker's folders;
+    ``calls`` a timed round: env.calls_per_round, or those of the cached baselines the candidate is compared with."""
     plan = split_cpus(int(cfg.threads))
     # Pinned on every backend while the code sampler runs: it samples the servers' CPUs only.
     pinned = backend == "cpp" or bool(cfg.code_sampling)
@@ -555,6 +561,7 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
         task=task.to_dict(), backend=backend, mode=mode, baseline=bool(baseline), rules=str(cfg.rules),
         threads=int(cfg.threads), cpus=tuple(plan.servers), startup_cpus=tuple(plan.builds),
         warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), eager_recheck=bool(cfg.eager_recheck),
+        calls_per_round=int(calls), round_memory_mb=int(cfg.round_memory_mb),
         in_turn=times_in_turn(cfg, backend),
         baseline_servers=int(cfg.baseline_servers),
         correctness_inputs=int(cfg.correctness_inputs),

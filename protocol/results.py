@@ -61,7 +61,8 @@ class Timing:
     median_ms: float
     iqr_ms: float  # interquartile range of the repetitions
     repetitions: int
-    samples_ms: list[float] = field(default_factory=list)  # each timed round's net time: what env_pool/reward.py resamples
+    samples_ms: list[float] = field(default_factory=list)  # each timed round's net time a call: what env_pool/reward.py resamples
+    calls: int = 1  # forward calls in each timed round (env.calls_per_round): a sample is its round's time over them
 
     @property
     def noise(self) -> float:

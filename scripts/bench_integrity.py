@@ -59,8 +59,14 @@ def run_corpus(work: Path, tasks: dict, only: list[str]) -> list[dict]:
             if case["backend"] != "cuda" or (only and folder.name not in only):
                 continue
             begin = time.perf_counter()
+            if case.get("settings"):  # one harness on the device at a time: each keeps its tasks' slots there
+                ctx.close()  # (its next evaluation starts another)
             own = context(work / "corpus", **{**CORPUS_SETTINGS, **case["settings"]}) if case.get("settings") else ctx
-            result = asyncio.run(evaluate(own, tasks[case["task"]], files_of(folder), case.get("mode", "verify")))
+            try:
+                result = asyncio.run(evaluate(own, tasks[case["task"]], files_of(folder), case.get("mode", "verify")))
+            finally:
+                if own is not ctx:
+                    own.close()
             ok = any(meets(result, v) for v in verdicts(case))
             rows.append({"case": f"{kind}/{folder.name}", "expect": case["expect"], "hard": bool(case.get("hard")),
                          "failure": result.failure, "milestone": int(result.milestone),

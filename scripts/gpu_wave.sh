@@ -11,10 +11,11 @@
 #             (issue 34; done on 2026-11-27, so not in the default queue: name it to redo it)
 #   corpus    every cuda corpus case, in the sized tasks (scripts/bench_integrity.py; issue 31)
 #   learn     the learning check on the GPU, synchronous (issue 33)
-#   fidelity  five evaluations of each legit cuda kernel against do_bench and KernelBench's loop (issue 34)
+#   fidelity  five evaluations of three legit cuda kernels against do_bench and KernelBench's loop (issue 34)
 #   synth     10 synthesised tasks on the cuda window (issue 36; 4 workers screened 59 candidates in
 #             420 s on an H100, 47 of them out of memory before the screens had a memory share), stopped
 #             as Ctrl-C stops it at its limit, so its report.json is written either way
+#   onecall   fidelity as above with one call a timed round (env.calls_per_round=1: before 2026-11-28)
 #   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
 #   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
 #             server's extra host time the sampler's interrupts? It was not, 2026-11-27)
@@ -75,7 +76,7 @@ learn_check() {  # NAME [OVERRIDE ...]: the learning check on the GPU, its run f
 fidelity() {  # NAME [KEY=VALUE ...]: five evaluations of two legit kernels under those env settings, against do_bench
   local name=$1; shift
   step "$name" 600 python3 scripts/bench_integrity.py --out "$WAVE/$name" --skip-corpus --repeats 5 \
-    --kernels gelu_cuda linear_relu_cublas_paper_cuda ${1:+--env "$@"}
+    --kernels gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda ${1:+--env "$@"}
 }
 
 queue() {
@@ -85,6 +86,7 @@ queue() {
       corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
       learn) learn_check learn-sync ;;
       fidelity) fidelity fidelity ;;  # the server's split of the gap; all eleven kernels: ~20 min
+      onecall) fidelity onecall calls_per_round=1 ;;
       recheck) fidelity recheck eager_recheck=true baseline_servers=2 ;;
       nosampler) fidelity nosampler code_sampling=false ;;
       noseccomp) fidelity noseccomp seccomp=false ;;

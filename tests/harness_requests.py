@@ -14,5 +14,5 @@ def request_for(task: Task | None = None, **fields) -> HarnessRequest:
     """The request for ``task`` (a task with no model by default), with ``fields`` changed."""
     task = task or Task(id="t", level=1, source="x = 1\n")
     request = harness_request(EnvConfig(), task, "cpp", "verify", False, Path("/w/scratch/x"), Path("/w/private/x"),
-                              Path("/w/inductor"), [])
+                              Path("/w/inductor"), [], 0)
     return dataclasses.replace(request, **fields)

@@ -66,6 +66,12 @@ def pools(tmp_path_factory) -> Callable[[dict], EnvPool]:
         """A pool for the case's backend and its own env settings (case.json "settings"), made once."""
         extra = {**case.get("settings", {}), "backend": case["backend"]}
         key = json.dumps(extra, sort_keys=True)
+        if key not in made and case["backend"] == "cuda":
+            # One GPU pool at a time: each harness keeps its tasks' slots on the device (timed rounds of
+            # several calls, env.calls_per_round: ~30 GiB for a 4 GiB-a-tensor task), and on an H100 a
+            # case whose settings made a second pool was refused its slots (cuMemCreate: out of memory).
+            for other in [k for k in made if json.loads(k)["backend"] == "cuda"]:
+                made.pop(other).close()
         if key not in made:
             made[key] = EnvPool({**settings, **extra})
         return made[key]

@@ -334,7 +334,7 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
     server's own write of READY.
     """
     from env_pool.candidate import serve
-    from env_pool.shared.rounds import DONE, STAMP_WORDS, STAMPS, STOP
+    from env_pool.shared.rounds import CALLS, DONE, STAMP_WORDS, STAMPS, STOP
     from tasks.loader import load_tasks
 
     nonce = (1 << 61) | 12345
@@ -348,6 +348,7 @@ def test_a_server_frozen_between_ready_and_its_first_spin_still_serves_the_round
     x = torch.rand(64)
     layout = plan_layout([x], [torch.relu(x)], "cpu")
     control, memory = Control.create(), SlotMemory.create(layout.size, "cpu")
+    control.words[CALLS] = 1  # as the harness's prepare() writes it before each round
     monkeypatch.setattr(serve, "Control", FrozenAtReady)
     payload = {"task": task.to_dict(), "backend": "cpp", "threads": 1, "phases": ["null"], "rules": "strict",
                "layout": layout.to_dict(), "init_seed": 0, "watched": False,

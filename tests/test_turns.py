@@ -25,9 +25,9 @@ def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each
     served: list[str] = []
     original = round_protocol.Session._round
 
-    def spy(self, given, check, label):
+    def spy(self, given, check, label, calls):
         served.append(f"{self.phases[-1]}:{self.phases[len(self.runs)]}")  # the server (by its last phase), the phase
-        return original(self, given, check, label)
+        return original(self, given, check, label, calls)
 
     monkeypatch.setattr(round_protocol.Session, "_round", spy)
     folder = CORPUS / "legit" / "relu_omp"

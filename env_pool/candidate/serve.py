@@ -6,8 +6,9 @@ round on its own clock, writes every input, and verifies every output. This modu
 
 It serves its phases in order (payload ``phases``), each over the shared rounds memory
 (env_pool/shared/rounds.py): for each phase it builds the model, sets READY, then per round waits
-for GO, runs forward on the input slots, writes where each output lies into the OUTS words
-(never copying it: the harness reads it there, env_pool/trusted/readout.py) and sets DONE. The
+for GO, runs forward on the input slots (once per call the CALLS word asks for, call c on slot set
+c), writes where each output lies into the OUTS words (never copying it: the harness reads it
+there, env_pool/trusted/readout.py) and sets DONE. The
 harness freezes the whole process outside that window. On a GPU every allocation of a round
 comes from the shared arena (env_pool/shared/arena.py). Phases:
 
@@ -31,6 +32,7 @@ import contextlib
 import ctypes
 import gc
 import importlib.util
+import itertools
 import os
 import socket
 import sys
@@ -50,7 +52,7 @@ from env_pool.isolation.result_channel import child_exit, child_result_channel
 from env_pool.shared.arena import Arena
 from env_pool.shared.inputs import build_on, make_model
 from env_pool.shared.profile import synchronize
-from env_pool.shared.rounds import DONE, GO, OUTS, READY, STAMPS, STOP, Control, Layout, Slot, SlotMemory
+from env_pool.shared.rounds import CALLS, DONE, GO, OUTS, READY, STAMPS, STOP, Control, Layout, Slot, SlotMemory
 from tasks.rules import rules_named
 from tasks.solution import SOLUTION_FILE, uses_extension_module
 from tasks.task import Task, build_problem
@@ -91,13 +93,13 @@ def serve(payload: dict, report: dict) -> None:
     # reading its inputs there (corpus legit/relu_input_watcher_thread) faulted in the moments
     # before the exit, and a run whose every round passed ended as a SIGSEGV crash.
     _MAPPED.extend((ctrl, memory))
-    args = [memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.args]
+    args = [[memory.view(a["slot"]) if "slot" in a else a["value"] for a in layout.call_args(c)] for c in range(layout.calls)]
     arena = Arena(memory.address(layout.arena_offset), layout.arena_size) if device == "cuda" else None
     problem = build_problem(task, payload["backend"])
     for index, phase in enumerate(payload["phases"]):
         report["stage"] = f"build {phase}"
         try:
-            model, armed = build_phase(phase, payload, problem, device, args, layout, arena, report)
+            model, armed = build_phase(phase, payload, problem, device, args[0], layout, arena, report)
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else ("crash" if phase == "candidate" else "infra")
             ctrl.set_message(f"[{kind}] {short_error(err)}")
@@ -126,21 +128,26 @@ def serve(payload: dict, report: dict) -> None:
 
 def build_phase(phase: str, payload: dict, problem, device: str, args: list, layout: Layout, arena: Arena | None,
                 report: dict):
-    """(the callable to serve, the guard state when candidate code is loaded, else None)."""
+    """(the callable to serve, the guard state when candidate code is loaded, else None); ``args``: one
+    call's arguments (torch.compile's build runs on them), ``layout.calls`` of which a round may make."""
     if phase == "null":
         # Outputs of the right shapes, written afresh each round (by libc on the CPU, where torch's
         # time is what the code sampler judges), so the harness reads them as warm as any real
-        # round's: what the null rounds time beyond the server's own work is the harness's.
+        # round's: what the null rounds time beyond the server's own work is the harness's. A set
+        # for each call of a round, in turn: the harness reads each call's outputs from its own place.
         with arena.allocating() if arena is not None else contextlib.nullcontext():
-            ready = [torch.ones(s.shape, dtype=s.torch_dtype, device=device) for s in layout.outputs]
+            ready = [[torch.ones(s.shape, dtype=s.torch_dtype, device=device) for s in layout.outputs]
+                     for _ in range(layout.calls)]
+        turn = itertools.cycle(ready)
 
         def null_round(*_: Any) -> list[torch.Tensor]:
-            for o in ready:
+            outputs = next(turn)
+            for o in outputs:
                 if device == "cpu":
                     ctypes.memset(o.data_ptr(), 1, o.numel() * o.element_size())
                 else:
                     o.fill_(1)
-            return ready
+            return outputs
 
         return null_round, None
     if phase in ("eager", "compiled"):
@@ -188,19 +195,21 @@ def _build_candidate(payload: dict, problem, device: str, report: dict):
     return model, state
 
 
-def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout: Layout, arena: Arena | None,
+def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list[list], layout: Layout, arena: Arena | None,
                   routed: bool, state: guards.GuardState | None, threads: set[int] | None) -> int:
     """Serve rounds until GO asks for the next phase or to stop; returns that GO value.
 
     ``last`` is GO's value read before the phase's READY: each round begins at a change from it.
+    ``args``: each call's arguments (its slot set); a round makes the calls its CALLS word asks for,
+    one after another, and syncs the device once, after the last.
 
     The caller holds the phase's grad mode and fallback detector (``_watched``) around all of
     its rounds; ``state`` is that detector's, for the thread check. Each round's outputs stay
-    alive until the next round's: the harness reads them after DONE.
+    alive until the next round's (on the CPU) or its start (on a GPU): the harness reads them after DONE.
     ``routed``: the forward's allocations come from the arena (a GPU's, but for cudagraph modes).
     """
     words, device = ctrl.words, layout.device
-    kept: list[torch.Tensor] = []
+    kept: list[list[torch.Tensor]] = []
     while True:
         go = words[GO]
         while go == last:  # a spin, not a blocking read: wake-up in well under a microsecond
@@ -209,21 +218,31 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list, layout:
         if go < 0:
             return go
         words[STAMPS] = time.perf_counter_ns()
-        # The last round's outputs, read by now, are let go only once this round's exist: freed
-        # before the forward, a CPU output of 16 MB went back to the kernel (glibc trims the top of
-        # its heap) and every round paid its page faults again, 10 ms for an eager ReLU against 3 ms.
+        # The last round's outputs, read by now, are let go only once this round's exist on the CPU:
+        # freed before the forward, a CPU output of 16 MB went back to the kernel (glibc trims the
+        # top of its heap) and every round paid its page faults again, 10 ms for an eager ReLU
+        # against 3 ms. On a GPU they go first, back to the arena's pool: it holds one round's.
+        if arena is not None:
+            kept = []
         try:
-            with arena.allocating() if routed else contextlib.nullcontext():
-                produced = model(*args)
-            with arena.allocating() if arena is not None else contextlib.nullcontext():
-                kept = _place(produced, layout, arena)
+            calls = int(words[CALLS])
+            if not 1 <= calls <= layout.calls:
+                raise RoundError("infra", f"a round of {calls} calls asked for; the layout has slots for {layout.calls}")
+            made = []
+            for call in range(calls):
+                with arena.allocating() if routed else contextlib.nullcontext():
+                    produced = model(*args[call])
+                with arena.allocating() if arena is not None else contextlib.nullcontext():
+                    made.append(_place(produced, layout, arena))
+            kept = made
             words[STAMPS + 1] = time.perf_counter_ns()
             if threads is not None:  # before the sync: on a GPU the device's work hides its host time
                 guards.check_threads(state, threads)
             synchronize(device)
             words[STAMPS + 2] = time.perf_counter_ns()
-            for k, out in enumerate(kept):
-                words[OUTS + k] = out.data_ptr() if arena is None else arena.offset_of(out)
+            for call, outs in enumerate(kept):
+                for k, out in enumerate(outs):
+                    words[OUTS + call * len(outs) + k] = out.data_ptr() if arena is None else arena.offset_of(out)
             words[DONE] = go
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else "crash"

@@ -31,6 +31,7 @@ round data.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import mmap
 import os
@@ -41,9 +42,10 @@ import torch
 
 # Control words (int64 each) in the control block. GO carries a fresh unguessable nonce each
 # round (or STOP, or a phase's end); DONE must echo it (or its negation, for a failed round).
-# OUTS + k: where output k lies once DONE is written (the CPU: its address in the server's
-# memory; a GPU: its offset in the arena).
-GO, DONE, READY, OUTS = 0, 1, 2, 8
+# OUTS + c * outputs + k: where call c's output k lies once DONE is written (the CPU: its address
+# in the server's memory; a GPU: its offset in the arena). CALLS: how many forward calls the round
+# makes, each on its own input set (Layout.calls' slot sets; written by the harness before GO).
+GO, DONE, READY, CALLS, OUTS = 0, 1, 2, 6, 8
 # STAMPS + 0..2: the server's own clock (CLOCK_MONOTONIC ns, the harness's too) as it saw GO, as
 # its forward's outputs were placed, and after the device's sync. Written by the server, so
 # untrusted: the harness only logs them (where a round's time went), never decides on them.
@@ -87,12 +89,14 @@ class Slot:
 class Layout:
     """Where every forward argument lives (scalars travel as values), the outputs' specs, and the arena."""
 
-    args: list[dict[str, Any]]  # each {"slot": Slot-as-dict} or {"value": a constant non-tensor argument}
+    args: list[dict[str, Any]]  # each {"slot": Slot-as-dict} or {"value": a constant non-tensor argument}: call 0's
     outputs: list[Slot]  # shapes and dtypes (their offsets are 0: an output lies where the server's forward left it)
     size: int
     device: str  # "cpu" or "cuda"
     arena_offset: int = 0  # a GPU's: where the arena starts in the slot memory
     arena_size: int = 0  # 0 on the CPU
+    calls: int = 1  # forward calls a round makes at most: slot sets, call c's ``stride * c`` bytes after call 0's
+    stride: int = 0  # bytes from one call's slot set to the next's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,7 +105,13 @@ class Layout:
     def from_dict(cls, d: dict[str, Any]) -> "Layout":
         args = [{"slot": Slot(**a["slot"])} if "slot" in a else {"value": a["value"]} for a in d["args"]]
         return cls(args=args, outputs=[Slot(**s) for s in d["outputs"]], size=int(d["size"]), device=d["device"],
-                   arena_offset=int(d.get("arena_offset", 0)), arena_size=int(d.get("arena_size", 0)))
+                   arena_offset=int(d.get("arena_offset", 0)), arena_size=int(d.get("arena_size", 0)),
+                   calls=int(d.get("calls", 1)), stride=int(d.get("stride", 0)))
+
+    def call_args(self, call: int) -> list[dict[str, Any]]:
+        """Call ``call``'s arguments: its own slots (call 0's moved by ``stride`` bytes a call), the same constants."""
+        return [{"slot": dataclasses.replace(a["slot"], offset=a["slot"].offset + call * self.stride)} if "slot" in a else a
+                for a in self.args]
 
     @property
     def arena(self) -> Slot:
@@ -109,15 +119,18 @@ class Layout:
         return Slot(self.arena_offset, [self.arena_size], "uint8")
 
 
-def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str, peak_bytes: int = 0) -> Layout:
-    """A layout for a task's forward arguments and its reference outputs (shapes, dtypes, count).
+def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str, peak_bytes: int = 0, calls: int = 1) -> Layout:
+    """A layout for a task's forward arguments and its reference outputs (shapes, dtypes, count),
+    with slots for ``calls`` input sets.
 
     On a GPU the arena after the inputs holds what a round allocates: the reference's own peak
-    (``peak_bytes``: its outputs and temporaries), room for a second copy of the outputs (a
-    candidate whose result lies elsewhere has it copied in) and a margin.
+    (``peak_bytes``: one call's outputs and temporaries), the round's other calls' outputs, room
+    for a second copy of one call's outputs (a candidate whose result lies elsewhere has it copied
+    in) and a margin. (The server lets the last round's outputs go before a GPU round begins.)
     """
-    if len(outputs) > MAX_OUTPUTS:
-        raise RuntimeError(f"the task's reference returns {len(outputs)} outputs; the environment serves at most {MAX_OUTPUTS}")
+    if len(outputs) * calls > MAX_OUTPUTS:
+        raise RuntimeError(f"the task's reference returns {len(outputs)} outputs; the environment serves at most "
+                           f"{MAX_OUTPUTS} a round ({calls} call(s))")
     offset = 0
     args: list[dict[str, Any]] = []
     for value in inputs:
@@ -128,11 +141,13 @@ def plan_layout(inputs: list[Any], outputs: list[torch.Tensor], device: str, pea
         else:
             args.append({"value": value})
     outs = [Slot(0, list(value.shape), str(value.dtype).removeprefix("torch."), value.is_contiguous()) for value in outputs]
+    stride, offset = offset, offset * calls
     if device == "cpu":
-        return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device)
+        return Layout(args=args, outputs=outs, size=max(offset, ALIGN), device=device, calls=calls, stride=stride)
     start = (offset + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN  # whole 2 MiB pages: the allocator's segments
-    arena = (peak_bytes + sum(o.nbytes for o in outs) + ARENA_MARGIN + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
-    return Layout(args=args, outputs=outs, size=start + arena, device=device, arena_offset=start, arena_size=arena)
+    arena = (peak_bytes + calls * sum(o.nbytes for o in outs) + ARENA_MARGIN + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+    return Layout(args=args, outputs=outs, size=start + arena, device=device, arena_offset=start, arena_size=arena,
+                  calls=calls, stride=stride)
 
 
 class Control:

@@ -113,7 +113,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
         return result
     reps = served - warmup  # the timed turns served: past MIN_TURNS, their time budget may end them early
     if in_turn:
-        timings, failed = baseline_timings(baseline_runs, warmup)
+        timings, failed = baseline_timings(baseline_runs, warmup, rounds.calls)
         if failed:
             result.update(failed)
             return result
@@ -138,7 +138,7 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
         return result
     if full:
         null = runs["null"].staging_ns[warmup:]
-        timing = net_timing(run.samples_ns[-reps:], null)
+        timing = net_timing(run.samples_ns[-reps:], null, rounds.calls)
         if above_protocol_noise(timing, run.staging_ns[-reps:]):
             result["candidate"] = timing.__dict__
         else:  # correct, and no speed claim either way
@@ -193,33 +193,35 @@ def _time_in_one_server(rounds: Rounds, pools: ServerPools, request: HarnessRequ
     try:
         runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None)]
                                + [(name, [timed_set] * (warmup + reps), False, None) for name in names],
-                               Path(request.reference_cwd), trusted=True)
+                               Path(request.reference_cwd), trusted=True, calls=rounds.calls)
     except RoundsFailed as err:
         return {}, {"failure": "infra", "message": f"the baselines failed ({err.kind}): {err}", "run_log": err.output}
-    return _timings_of(runs, names, warmup)
+    return _timings_of(runs, names, warmup, rounds.calls)
 
 
-def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int) -> tuple[dict[str, dict], dict]:
+def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int, calls: int) -> tuple[dict[str, dict], dict]:
     """The baselines' timings from the runs of their servers in turn (one per baseline): (Timing dicts
     by name, {}), or ({}, the infra failure to report)."""
     timings: dict[str, dict] = {}
     for name, server_runs in runs.items():
-        timed, failed = _timings_of(server_runs, (name,), warmup)
+        timed, failed = _timings_of(server_runs, (name,), warmup, calls)
         if failed:
             return {}, failed
         timings[name] = timed[name].__dict__
     return timings, {}
 
 
-def _timings_of(runs: dict[str, PhaseRun], names: tuple[str, ...], warmup: int) -> tuple[dict[str, Timing], dict]:
-    """The named phases' timings, each less its server's null phase, or the infra failure when one cannot be timed."""
+def _timings_of(runs: dict[str, PhaseRun], names: tuple[str, ...], warmup: int,
+                calls: int) -> tuple[dict[str, Timing], dict]:
+    """The named phases' timings (``calls`` calls a round), each less its server's null phase, or the infra
+    failure when one cannot be timed."""
     null = runs["null"].staging_ns[warmup:]
     timings = {}
     for name in names:
         disturbed = runs[name].disturbance
         if disturbed is not None and disturbed.too_disturbed:  # never cached: they would decide every reward
             return {}, {"failure": "infra", "message": f"the {name} baseline was disturbed: {disturbed.describe()}; retried"}
-        timing = net_timing(runs[name].samples_ns[warmup:], null)
+        timing = net_timing(runs[name].samples_ns[warmup:], null, calls)
         if not above_protocol_noise(timing, runs[name].staging_ns[warmup:]):  # never cached: it would decide every reward
             return {}, {"failure": "infra", "untimeable": True,
                         "message": f"the {name} baseline ({timing.median_ms * 1e3:.1f} us) was within the timing "
@@ -253,7 +255,11 @@ class TaskCache:
 
     def get(self, request: HarnessRequest) -> Rounds:
         key = self.key(request)
-        rounds = self.entries.pop(key, None) or Rounds(request)
+        rounds = self.entries.pop(key, None)
+        if rounds is not None and 0 < request.calls_per_round != rounds.calls:
+            rounds.close()  # slots for other calls a round: the request's (its cached baselines') decide
+            rounds = None
+        rounds = rounds or Rounds(request)
         self.entries[key] = rounds  # most recent last
         budget = self.budget_bytes if self.budget_bytes is not None else device_budget(rounds.device)
         held = {k: r.device_bytes() for k, r in self.entries.items()} if budget != float("inf") else {}

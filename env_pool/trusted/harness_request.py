@@ -27,6 +27,8 @@ class HarnessRequest:
     startup_cpus: tuple[int, ...]  # where waiting servers start up: the builds' CPUs
     warmup: int  # env.warmup: untimed rounds before the timed ones
     repetitions: int  # env.repetitions: timed rounds
+    calls_per_round: int  # env.calls_per_round (0: the harness chooses, round_protocol.choose_calls), or the cached baselines' calls
+    round_memory_mb: int  # env.round_memory_mb: what the calls of one round may hold, when the harness chooses them
     baseline_servers: int  # env.baseline_servers: trusted servers the baselines are timed in, their rounds pooled
     eager_recheck: bool  # env.eager_recheck: time the eager baseline again after a full evaluation's candidate rounds
     in_turn: bool  # env.baseline_timing: a full evaluation's baselines timed in turn with the candidate's rounds (env_pool/trusted/turns.py)

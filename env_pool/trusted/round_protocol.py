@@ -1,7 +1,8 @@
 """The round protocol, trusted side: one server taken through its phases, each round on the harness's clock.
 
 TRUSTED SIDE (the harness process, env_pool/trusted/harness.py, which turns what this measures
-into a verdict). ``Rounds`` holds one task's reference, inputs and shared round memory;
+into a verdict). ``Rounds`` holds one task's reference, inputs and shared round memory
+(slots for each of a round's calls, ``choose_calls``);
 ``serve_phases`` claims a server (env_pool/trusted/server_pool.py), gives it its run and serves
 it each phase's rounds: inputs written while it is frozen, GO, DONE, frozen again, outputs read
 where it left them and checked. ``net_timing`` takes the protocol's own cost, as the null
@@ -13,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import itertools
+import math
 import os
 import secrets
 import statistics
@@ -31,7 +34,8 @@ from env_pool.candidate.seccomp import KILL_SIGNAL
 from env_pool.isolation.sandbox import SandboxOutcome
 from env_pool.shared.inputs import make_model
 from env_pool.shared.profile import CacheFlusher, synchronize
-from env_pool.shared.rounds import DONE, GO, NOWHERE, OUTS, READY, STAMP_WORDS, STAMPS, STOP, Control, SlotMemory, next_phase, plan_layout
+from env_pool.shared.rounds import (CALLS, DONE, GO, MAX_OUTPUTS, NOWHERE, OUTS, READY, STAMP_WORDS, STAMPS, STOP, Control,
+                                    SlotMemory, next_phase, plan_layout)
 from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.readout import Unreadable, read_arena, read_process
@@ -48,6 +52,8 @@ MIN_NET_MS = 1e-3  # a round no slower than the protocol's own cost reads as 1 u
 NULL_ROUNDS = 5  # the null phase's rounds in verify mode (full mode times warmup + repetitions of them)
 STAGING_FLOOR = 0.25  # a net time under this fraction of the round's input and output copies is not a kernel's
 VARIATION_ROUNDS = 5  # checked rounds of the "does the output vary with the inputs" test
+ROUND_TARGET_MS = 10.0  # calls_per_round=0 on a GPU: a timed round's share of the reference's time, at least
+MAX_CALLS = 32  # ... and at most this many calls a round (each is checked: the harness runs the reference on each)
 OOM_SIGNS = ("can't allocate memory", "CUDA out of memory", "OutOfMemoryError", "bad_alloc", "MemoryError")
 
 
@@ -101,16 +107,20 @@ class Rounds:
         outputs, peak = self._reference_peak(first)
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             raise RuntimeError("the task's reference returns something other than tensors; the environment times tensors only")
-        self.layout = plan_layout(first, outputs, self.device, peak)
+        call_bytes = sum(t.numel() * t.element_size() for t in [*first, *outputs] if isinstance(t, torch.Tensor))
+        call_ms = self._reference_ms(first) if self.device == "cuda" and request.calls_per_round <= 0 else 0.0
+        self.calls = choose_calls(request, self.device, call_ms, call_bytes, len(outputs))
+        self.layout = plan_layout(first, outputs, self.device, peak, self.calls)
         self.scalars = [a.get("value") for a in self.layout.args]
         self.memory = SlotMemory.create(self.layout.size, self.device)
         self.arg_views = self.slot_views(self.memory)
         # A GPU's arena, where the server's round allocates (env_pool/shared/arena.py): NaN (0xFF bytes)
         # to start with, so an output that was never written cannot pass.
         self.arena = self.memory.view(self.layout.arena).fill_(0xFF) if self.device == "cuda" else None
-        # Where each round's outputs are read to, allocated once: a fresh allocation inside the
-        # timed window would add page faults (CPU) or allocator work to every round.
-        self.snapshots = [torch.empty(s.shape, dtype=s.torch_dtype, device=self.device) for s in self.layout.outputs]
+        # Where each round's outputs are read to (each call's), allocated once: a fresh allocation
+        # inside the timed window would add page faults (CPU) or allocator work to every round.
+        self.snapshots = [[torch.empty(s.shape, dtype=s.torch_dtype, device=self.device) for s in self.layout.outputs]
+                          for _ in range(self.calls)]
         self.flusher = CacheFlusher(self.device)
         self._discrimination: Discrimination | None = None
 
@@ -127,9 +137,22 @@ class Rounds:
         torch.cuda.synchronize()
         return outputs, max(0, torch.cuda.max_memory_allocated() - before)
 
+    def _reference_ms(self, inputs: list[Any]) -> float:
+        """The reference's time for one call on a GPU, warm, the median of three: what choose_calls sizes a round by."""
+        times = []
+        with torch.no_grad():
+            for _ in range(3):
+                synchronize(self.device)
+                begin = time.perf_counter()
+                self.reference(*inputs)
+                synchronize(self.device)
+                times.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(times)
+
     def device_bytes(self) -> int:
         """What this task keeps on its device between evaluations: slots, snapshots, the reference, the flush buffer."""
-        tensors = [*self.snapshots, *self.reference.parameters(), *self.reference.buffers(), self.flusher.buffer]
+        tensors = [*(t for call in self.snapshots for t in call), *self.reference.parameters(), *self.reference.buffers(),
+                   self.flusher.buffer]
         return self.memory.size + sum(t.numel() * t.element_size() for t in tensors)
 
     def close(self) -> None:
@@ -163,20 +186,25 @@ class Rounds:
         """A round's set: fresh inputs through a discriminating transform, made when its round comes."""
         return lambda: transform_inputs(name, self.fresh_inputs(), secrets.randbits(40))
 
-    def null_rounds(self, count: int) -> list[list[Any]]:
-        """The null phase's rounds: one input set, written into the slots each round as any round's.
+    def null_rounds(self, count: int) -> list[Callable[[], list[Any]]]:
+        """The null phase's rounds: one input set per call of a round (Rounds.calls), the same each
+        round, written into the slots as any round's.
 
         Its server computes nothing from them (it is served before a candidate's code loads), so
         fresh ones would only cost their making: a third of a second of a cpp full evaluation.
+        A set of each call's own, not one written to every call's slots: with four calls a round
+        of a 64 MB GEMM output, one set copied four times (and one output read four times) came
+        from the device's cache, and the null rounds' copies took 0.4 ms less than a real round's.
         """
-        inputs = self.fresh_inputs()
-        return [inputs] * count
+        sets = itertools.cycle([self.fresh_inputs() for _ in range(self.calls)])
+        return [lambda: next(sets)] * count
 
-    def read_outputs(self, server: Server, control: Control) -> None:
-        """Each output from where the frozen server says it lies, into the snapshots; an unreadable place is wrong."""
+    def read_outputs(self, server: Server, control: Control, calls: int) -> None:
+        """Each call's outputs from where the frozen server says they lie, into its snapshots; an unreadable place is wrong."""
         pid = server.start.program_pid() if self.arena is None else None
-        for k, snapshot in enumerate(self.snapshots):
-            where = int(control.words[OUTS + k])
+        count = len(self.layout.outputs)
+        for call, k in ((c, k) for c in range(calls) for k in range(count)):
+            snapshot, where = self.snapshots[call][k], int(control.words[OUTS + call * count + k])
             try:
                 if self.arena is not None:
                     read_arena(self.arena, where, snapshot)
@@ -185,12 +213,13 @@ class Rounds:
                 else:
                     read_process(pid, where, snapshot)
             except Unreadable as err:
-                raise RoundsFailed("wrong", f"output {k} could not be read where the server put it: {err}") from err
+                of = f" of call {call}" if calls > 1 else ""
+                raise RoundsFailed("wrong", f"output {k}{of} could not be read where the server put it: {err}") from err
             except ProcessLookupError as err:
                 raise ServerGone() from err
 
-    def prepare(self, inputs: list[Any], control: Control) -> int:
-        """Everything before a round's clock starts; returns the round's nonce.
+    def prepare(self, sets: list[list[Any]], control: Control) -> int:
+        """Everything before a round's clock starts (``sets``: each call's inputs); returns the round's nonce.
 
         The caches are flushed (every round starts cold) before the clock, and the inputs
         written only after it starts, while the server is frozen: a server that watches the
@@ -199,24 +228,27 @@ class Rounds:
         cleared: a DONE written before GO, or left by another server, never matches it; the
         OUTS words are cleared, so a server that places nothing is read from nowhere.
         """
-        for value, scalar in zip(inputs, self.scalars):
+        for value, scalar in ((v, c) for inputs in sets for v, c in zip(inputs, self.scalars)):
             if scalar is not None and value != scalar:
                 raise RuntimeError("the task's non-tensor inputs change from call to call; the environment holds them constant")
         self.flusher()
         control.words[DONE] = 0
         for i in range(STAMP_WORDS):
             control.words[STAMPS + i] = 0
-        for k in range(len(self.snapshots)):
+        for k in range(len(sets) * len(self.layout.outputs)):
             control.words[OUTS + k] = NOWHERE
+        control.words[CALLS] = len(sets)
         synchronize(self.device)
         return secrets.randbits(62) | (1 << 61)
 
-    def slot_views(self, memory: SlotMemory) -> list[torch.Tensor | None]:
-        """Each forward argument's slot in ``memory`` (None for a constant)."""
-        return [memory.view(a["slot"]) if "slot" in a else None for a in self.layout.args]
+    def slot_views(self, memory: SlotMemory) -> list[list[torch.Tensor | None]]:
+        """Each call's forward arguments' slots in ``memory`` (None for a constant)."""
+        return [[memory.view(a["slot"]) if "slot" in a else None for a in self.layout.call_args(call)]
+                for call in range(self.calls)]
 
-    def write_inputs(self, inputs: list[Any], views: list[torch.Tensor | None]) -> None:
-        for view, value in zip(views, inputs):
+    def write_inputs(self, sets: list[list[Any]], views: list[list[torch.Tensor | None]]) -> None:
+        """Each call's inputs into its slots (``views``, from slot_views)."""
+        for view, value in ((v, x) for call_views, inputs in zip(views, sets) for v, x in zip(call_views, inputs)):
             if view is None:
                 continue
             if self.device == "cpu" and value.is_contiguous() and value.dtype == view.dtype:
@@ -274,6 +306,29 @@ def wait_ready(control: Control, phase: int, thread: threading.Thread, trusted: 
         if trusted:
             raise RoundsFailed(kind if kind in ("infra", "out_of_memory") else "infra", message)
         raise RoundsFailed({"import": "compile_error", "out_of_memory": "out_of_memory"}.get(kind, "crash"), message)
+
+
+def choose_calls(request: HarnessRequest, device: str, call_ms: float, call_bytes: int, outputs: int) -> int:
+    """A timed round's forward calls: env.calls_per_round, or (0) as many as fill ROUND_TARGET_MS of the
+    reference's time ``call_ms`` on a GPU, at most MAX_CALLS, within env.round_memory_mb of inputs and
+    outputs (``call_bytes`` a call); one on the CPU.
+
+    Each round pays a fixed cost around its calls: the thaw, the server's wake, a first launch from
+    a cold host, the device sync, DONE. One call a round paid all of it on every call, and on an
+    H100 put a 3 ms GELU kernel's speedup 8.6% under do_bench's (whose back-to-back calls hide their
+    launches behind the previous call's work), the candidate's cold forward taking 0.56 ms of host
+    time against eager's 0.38.
+    """
+    most = MAX_OUTPUTS // max(1, outputs)
+    if request.calls_per_round > 0:
+        if request.calls_per_round > most:
+            raise RuntimeError(f"env.calls_per_round={request.calls_per_round}: this task's {outputs} output(s) allow at most "
+                               f"{most} calls a round; set it to {most} or less, or to 0 (chosen per task)")
+        return request.calls_per_round
+    if device != "cuda":
+        return 1
+    calls = math.ceil(ROUND_TARGET_MS / max(call_ms, 1e-3))
+    return max(1, min(calls, MAX_CALLS, most, (request.round_memory_mb << 20) // max(1, call_bytes)))
 
 
 def set_tf32(allowed: bool) -> None:
@@ -351,9 +406,9 @@ Phase = tuple[str, list | int, bool, list[str] | None]  # name, its rounds, chec
 
 
 def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: Path,
-                 trusted: bool) -> tuple[dict, dict]:
+                 trusted: bool, calls: int = 1) -> tuple[dict, dict]:
     """Run a server through its phases, each one's rounds with the pool quiet (waiting servers
-    paused for timed rounds); (PhaseRun per phase name, the server's report).
+    paused for timed rounds), ``calls`` calls a round; (PhaseRun per phase name, the server's report).
 
     Only the rounds are paused: the wait for a phase (the server's own start-up when it was
     taken before it finished, its model build, a baseline's torch.compile) and the server's
@@ -366,7 +421,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: P
         for _, todo, check, labels in phases:
             session.begin(todo if isinstance(todo, int) else len(todo))
             with pools.quiet(session.timed):
-                session.serve(todo, check, labels)
+                session.serve(todo, check, labels, calls)
             session.end()
         return session.finish()
 
@@ -463,10 +518,11 @@ class Session:
                             disturbance=self.sampling if isinstance(self.sampling, Disturbance) else None)
 
     def serve(self, rounds: list[list[Any] | Callable[[], list[Any]] | None] | int, check: bool,
-              labels: list[str] | None = None) -> bool:
+              labels: list[str] | None = None, calls: int = 1) -> bool:
         """Serve ``rounds`` to the frozen phase begun, each timed into its run: input sets (None: fresh;
         a function: the set it makes, made when its round comes), or a count of fresh ones. ``labels``
-        name each round's kind of set in its check ("own" where none is given).
+        name each round's kind of set in its check ("own" where none is given). Each round makes
+        ``calls`` forward calls, each on a set of its own (a given set is repeated: the null phase's).
 
         A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
         while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
@@ -477,14 +533,14 @@ class Session:
         """
         todo = rounds if isinstance(rounds, list) else [None] * rounds
         named = labels or ["own"] * len(todo)
-        return self._step(lambda: [self._round(given, check, label) for given, label in zip(todo, named)])
+        return self._step(lambda: [self._round(given, check, label, calls) for given, label in zip(todo, named)])
 
-    def _round(self, given: list[Any] | Callable[[], list[Any]] | None, check: bool, label: str) -> None:
+    def _round(self, given: list[Any] | Callable[[], list[Any]] | None, check: bool, label: str, calls: int) -> None:
         r, run, control, sampler, sampling = self.rounds, self.run, self.control, self.sampler, self.sampling
-        inputs = given() if callable(given) else given if given is not None else r.fresh_inputs()
-        nonce = r.prepare(inputs, control)
+        sets = [given() if callable(given) else given if given is not None else r.fresh_inputs() for _ in range(calls)]
+        nonce = r.prepare(sets, control)
         start = time.perf_counter_ns()
-        r.write_inputs(inputs, self.arg_views)  # inside the window, the server frozen: no round's inputs exist before its clock runs
+        r.write_inputs(sets, self.arg_views)  # inside the window, the server frozen: no round's inputs exist before its clock runs
         if sampler is not None:
             sampler.enable(True)
         go_at = time.perf_counter_ns()
@@ -499,7 +555,7 @@ class Session:
         if sampler is not None:
             sampler.enable(False)
         if status >= 0:
-            r.read_outputs(self.server, control)
+            r.read_outputs(self.server, control, calls)
         synchronize(r.device)
         end = time.perf_counter_ns()
         run.samples_ns.append(end - start)
@@ -513,9 +569,16 @@ class Session:
         if status < 0:
             kind, message = _kind_and_message(control.message(), "crash")
             raise RoundsFailed(kind if kind in ("wrong", "out_of_memory") else "crash", message)
-        run.mutated |= any(v is not None and not torch.equal(v, x) for v, x in zip(self.arg_views, inputs))
+        run.mutated |= any(v is not None and not torch.equal(v, x)
+                           for views, inputs in zip(self.arg_views, sets) for v, x in zip(views, inputs))
         if check:
-            r.check(run, inputs, r.snapshots, label)
+            for inputs, snapshot in zip(sets, r.snapshots):
+                r.check(run, inputs, snapshot, label)
+            if calls > 1:  # one record a round, its calls' worst error: 32 calls a round made thousands a run
+                merged = run.checks[-calls:]
+                del run.checks[-calls:]
+                worst = max((c.max_abs_error for c in merged if c.max_abs_error is not None), default=None)
+                run.checks.append(dataclasses.replace(merged[0], max_abs_error=worst))
 
     def end(self) -> bool:
         """The phase begun ends: the server goes on to its next one (or stops after its last)."""
@@ -673,8 +736,8 @@ def _iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
-    """Median and IQR of the rounds less the protocol's own cost, in ms.
+def net_timing(samples_ns: list[int], null_staging_ns: list[int], calls: int = 1) -> Timing:
+    """Median and IQR of the rounds less the protocol's own cost, in ms a call (``calls`` a round).
 
     The cost subtracted is only what the harness itself does in a round and the server can
     neither skip nor shorten: writing the inputs and reading the outputs, as the same server's
@@ -684,16 +747,17 @@ def net_timing(samples_ns: list[int], null_staging_ns: list[int]) -> Timing:
     candidate can skip, as it skipped the output copy that the null phase once paid.
     """
     floor = statistics.median(null_staging_ns)
-    net = [max(MIN_NET_MS, (s - floor) / 1e6) for s in samples_ns]
+    net = [max(MIN_NET_MS, (s - floor) / 1e6 / calls) for s in samples_ns]
     return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net),
-                  samples_ms=[round(x, 6) for x in net])
+                  samples_ms=[round(x, 6) for x in net], calls=calls)
 
 
 def pooled(parts: list[Timing]) -> Timing:
     """One timing of several servers' rounds, in the order they ran (env_pool/reward.drift then
     sees a difference between the servers as a drift across the rounds)."""
     net = [x for part in parts for x in part.samples_ms]
-    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net), samples_ms=net)
+    return Timing(median_ms=statistics.median(net), iqr_ms=_iqr(net), repetitions=len(net), samples_ms=net,
+                  calls=parts[0].calls)
 
 
 def above_protocol_noise(timing: Timing, staging_ns: list[int]) -> bool:
@@ -704,7 +768,7 @@ def above_protocol_noise(timing: Timing, staging_ns: list[int]) -> bool:
     A net time is a difference: on an H100 a null phase drifting by tens of us left a 0.09 ms
     kernel's rounds at the 1 us floor and scored a 17x speedup, and put an eager GELU at 17 us.
     """
-    return not staging_ns or timing.median_ms * 1e6 > STAGING_FLOOR * statistics.median(staging_ns)
+    return not staging_ns or timing.median_ms * 1e6 * timing.calls > STAGING_FLOOR * statistics.median(staging_ns)
 
 
 def _as_list(out: Any) -> list:

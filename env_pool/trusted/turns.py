@@ -1,7 +1,8 @@
 """The candidate's rounds, its timed ones served in turns: alone, or a round of each baseline per turn.
 
 TRUSTED SIDE (env_pool/trusted/harness.py, for every evaluation). The candidate's server takes its
-null phase, then its checked rounds, then its turns: warm-up, then timed. The turns stop once they
+null phase, then its checked rounds, then its turns: warm-up, then timed. Each turn's rounds make
+Rounds.calls forward calls each, as the null phase's do. The turns stop once they
 have taken a quarter of the candidate's time limit (env.run_timeout_s), after MIN_TURNS of them:
 env.repetitions (120) rounds of a slow kernel must not run its server into that limit.
 
@@ -90,7 +91,7 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
 def _null_then_begin(session: Session, pools: ServerPools, null: list, count: int) -> bool:
     """The null phase's rounds, then the next phase begun (its model built) with ``count`` rounds; whether all went well."""
     with pools.quiet(session.timed):
-        session.serve(null, False)
+        session.serve(null, False, calls=session.rounds.calls)
     return session.end() and session.begin(count)
 
 
@@ -105,7 +106,9 @@ def _turns(candidate: Session, baselines: list[Session], todo: list, labels: lis
         if turn >= at_least and time.monotonic() - begun > budget_s:
             return turn
         for session in (servers[k] for k in orders[turn % len(orders)]):
-            served = session.serve([given], True, [label]) if session is candidate else session.serve([timed_set], False)
+            calls = session.rounds.calls  # each timed round's: the null phase's too
+            served = (session.serve([given], True, [label], calls) if session is candidate
+                      else session.serve([timed_set], False, calls=calls))
             if served and session is candidate and baselines:
                 served = _no_timers_left(candidate)
             if not served:
