@@ -15,7 +15,7 @@
 #   synth     10 synthesised tasks on the cuda window (issue 36; 4 workers screened 59 candidates in
 #             420 s on an H100, 47 of them out of memory before the screens had a memory share), stopped
 #             as Ctrl-C stops it at its limit, so its report.json is written either way
-#   onecall   fidelity as above with one call a timed round (env.calls_per_round=1: before 2026-11-28)
+#   calls     fidelity as above with the calls of a timed round chosen per task (env.calls_per_round=0)
 #   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
 #   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
 #             server's extra host time the sampler's interrupts? It was not, 2026-11-27)
@@ -86,7 +86,7 @@ queue() {
       corpus) step corpus 900 python3 scripts/bench_integrity.py --out "$WAVE/corpus" --skip-fidelity ;;
       learn) learn_check learn-sync ;;
       fidelity) fidelity fidelity ;;  # the server's split of the gap; all eleven kernels: ~20 min
-      onecall) fidelity onecall calls_per_round=1 ;;
+      calls) fidelity calls calls_per_round=0 ;;
       recheck) fidelity recheck eager_recheck=true baseline_servers=2 ;;
       nosampler) fidelity nosampler code_sampling=false ;;
       noseccomp) fidelity noseccomp seccomp=false ;;

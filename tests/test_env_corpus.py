@@ -67,9 +67,9 @@ def pools(tmp_path_factory) -> Callable[[dict], EnvPool]:
         extra = {**case.get("settings", {}), "backend": case["backend"]}
         key = json.dumps(extra, sort_keys=True)
         if key not in made and case["backend"] == "cuda":
-            # One GPU pool at a time: each harness keeps its tasks' slots on the device (timed rounds of
-            # several calls, env.calls_per_round: ~30 GiB for a 4 GiB-a-tensor task), and on an H100 a
-            # case whose settings made a second pool was refused its slots (cuMemCreate: out of memory).
+            # One GPU pool at a time: each harness keeps its tasks' slots on the device (with several
+            # calls a round, env.calls_per_round=0, ~30 GiB for a 4 GiB-a-tensor task), and on an H100
+            # a case whose settings made a second pool was refused its slots (cuMemCreate: out of memory).
             for other in [k for k in made if json.loads(k)["backend"] == "cuda"]:
                 made.pop(other).close()
         if key not in made:

@@ -68,11 +68,12 @@ def test_a_candidate_compared_with_cached_baselines_is_timed_with_their_calls(tm
     monkeypatch.setattr(evaluate_module, "_quiet_request", lambda ctx, request, limit, quiet: asked.append(request.calls_per_round) or {})
     task = {t.id: t for t in load_tasks()[0]}["level1/17_relu"]
     ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), pch_dir="", baseline_timing="cached"))
+    assert ctx.cfg.calls_per_round == 1  # the default: more calls let a round's calls overlap on the device
     timing = Timing(1.0, 0.1, 5, [1.0] * 5, calls=4)
     ctx.baselines[(task.id, "cpp")] = Baseline(timing, dataclasses.replace(timing))
-    for baseline in (False, True):  # compared with the cached ones; timing its own (env.calls_per_round's 0)
+    for baseline in (False, True):  # compared with the cached ones; timing its own (env.calls_per_round's)
         asyncio.run(evaluate_module._harness(ctx, task, "cpp", "full", baseline, tmp_path, tmp_path))
-    assert asked == [4, 0]
+    assert asked == [4, 1]
 
 
 @pytest.mark.parametrize("timing", ["cached", "in_turn"])

@@ -522,7 +522,8 @@ class Session:
         """Serve ``rounds`` to the frozen phase begun, each timed into its run: input sets (None: fresh;
         a function: the set it makes, made when its round comes), or a count of fresh ones. ``labels``
         name each round's kind of set in its check ("own" where none is given). Each round makes
-        ``calls`` forward calls, each on a set of its own (a given set is repeated: the null phase's).
+        ``calls`` forward calls, each on a set of its own: a function makes each call's (the null phase's
+        cycles through its calls' sets), a given set is repeated.
 
         A round, on the harness's clock: the inputs written (the server frozen: nothing of it runs
         while they land), GO, the server thawed; its DONE; the server frozen, the outputs read
