@@ -88,7 +88,7 @@ def test_every_call_of_a_timed_round_is_checked_and_timed_alike_on_both_sides(tm
     monkeypatch.setattr(round_protocol.Session, "_round", spy)
     checked = []
     check = round_protocol.Rounds.check
-    monkeypatch.setattr(round_protocol.Rounds, "check", lambda self, run, *args: checked.append(run) or check(self, run, *args))
+    monkeypatch.setattr(round_protocol.Rounds, "check", lambda self, run, *args: checked.append(args[-1]) or check(self, run, *args))
     folder = CORPUS / "legit" / "relu_omp"
     task = {t.id: t for t in load_tasks()[0]}[json.loads((folder / "case.json").read_text())["task"]]
     # As the corpus's pools: 3 warm-up and 9 timed rounds, so that a baseline is plausible on a busy 2-core
@@ -111,7 +111,8 @@ def test_every_call_of_a_timed_round_is_checked_and_timed_alike_on_both_sides(tm
     candidate = [calls for phase, calls in rounds_served if phase == "candidate"]
     assert candidate[-12:] == [2] * 12 and set(candidate[:-12]) == {1}  # checked rounds make one call, timed ones two
     assert {calls for phase, calls in rounds_served if phase != "candidate"} == {2}  # null and baselines' rounds: two
-    assert len(checked) == len(candidate) + 12  # every call checked
+    assert len(checked) == len(candidate) + 12  # every call checked, each as its round's
+    assert checked[-2:] == [len(candidate) - 1] * 2 and [c.index for c in result.checks] == list(range(len(candidate)))
     assert len(result.checks) == len(candidate)  # and recorded once a round
     if timing == "cached":
         assert ctx.baselines[(task.id, "cpp")].eager.calls == 2

@@ -273,13 +273,14 @@ class Rounds:
                 if sampling is not None:
                     sampling.poll()
 
-    def check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor], label: str) -> None:
+    def check(self, run: PhaseRun, inputs: list[Any], snapshot: list[torch.Tensor], label: str, index: int) -> None:
+        """One call's outputs against the reference's on its inputs, recorded as round ``index``'s."""
         # On the device: every round is checked, and a 128 MB output compared in float64 on the
         # host costs seconds a round (40 rounds of a level-1 GPU preset ran past the time limit).
         with torch.no_grad():
             expected = [o.detach() for o in _as_list(self.reference(*inputs))]
         got = snapshot
-        check = check_outputs(len(run.checks), self.task, expected, got)
+        check = check_outputs(index, self.task, expected, got)
         check.inputs = label
         run.checks.append(check)
         if len(run.checks) <= VARIATION_ROUNDS:
@@ -573,8 +574,9 @@ class Session:
         run.mutated |= any(v is not None and not torch.equal(v, x)
                            for views, inputs in zip(self.arg_views, sets) for v, x in zip(views, inputs))
         if check:
+            index = len(run.checks)  # the round's, whichever of its calls fails
             for inputs, snapshot in zip(sets, r.snapshots):
-                r.check(run, inputs, snapshot, label)
+                r.check(run, inputs, snapshot, label, index)
             if calls > 1:  # one record a round, its calls' worst error: 32 calls a round made thousands a run
                 merged = run.checks[-calls:]
                 del run.checks[-calls:]
