@@ -240,9 +240,8 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list[list], l
                 guards.check_threads(state, threads)
             synchronize(device)
             words[STAMPS + 2] = time.perf_counter_ns()
-            for call, outs in enumerate(kept):
-                for k, out in enumerate(outs):
-                    words[OUTS + call * len(outs) + k] = out.data_ptr() if arena is None else arena.offset_of(out)
+            for k, out in enumerate(itertools.chain.from_iterable(kept)):  # call c's output k at c * outputs + k
+                words[OUTS + k] = out.data_ptr() if arena is None else arena.offset_of(out)
             words[DONE] = go
         except Exception as err:
             kind = err.kind if isinstance(err, RoundError) else "crash"

@@ -193,7 +193,7 @@ def _time_in_one_server(rounds: Rounds, pools: ServerPools, request: HarnessRequ
     try:
         runs, _ = serve_phases(rounds, pools, [("null", rounds.null_rounds(warmup + reps), False, None)]
                                + [(name, [timed_set] * (warmup + reps), False, None) for name in names],
-                               Path(request.reference_cwd), trusted=True, calls=rounds.calls)
+                               Path(request.reference_cwd), trusted=True)
     except RoundsFailed as err:
         return {}, {"failure": "infra", "message": f"the baselines failed ({err.kind}): {err}", "run_log": err.output}
     return _timings_of(runs, names, warmup, rounds.calls)

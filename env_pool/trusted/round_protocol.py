@@ -407,9 +407,9 @@ Phase = tuple[str, list | int, bool, list[str] | None]  # name, its rounds, chec
 
 
 def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: Path,
-                 trusted: bool, calls: int = 1) -> tuple[dict, dict]:
+                 trusted: bool) -> tuple[dict, dict]:
     """Run a server through its phases, each one's rounds with the pool quiet (waiting servers
-    paused for timed rounds), ``calls`` calls a round; (PhaseRun per phase name, the server's report).
+    paused for timed rounds), Rounds.calls calls a round; (PhaseRun per phase name, the server's report).
 
     Only the rounds are paused: the wait for a phase (the server's own start-up when it was
     taken before it finished, its model build, a baseline's torch.compile) and the server's
@@ -422,7 +422,7 @@ def serve_phases(rounds: Rounds, pools: ServerPools, phases: list[Phase], cwd: P
         for _, todo, check, labels in phases:
             session.begin(todo if isinstance(todo, int) else len(todo))
             with pools.quiet(session.timed):
-                session.serve(todo, check, labels, calls)
+                session.serve(todo, check, labels, rounds.calls)
             session.end()
         return session.finish()
 
