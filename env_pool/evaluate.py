@@ -560,6 +560,7 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
     return HarnessRequest(
         task=task.to_dict(), backend=backend, mode=mode, baseline=bool(baseline), rules=str(cfg.rules),
         threads=int(cfg.threads), cpus=tuple(plan.servers), startup_cpus=tuple(plan.builds),
+        harness_cpus=tuple(plan.harness),
         warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), eager_recheck=bool(cfg.eager_recheck),
         calls_per_round=int(calls), round_memory_mb=int(cfg.round_memory_mb),
         in_turn=times_in_turn(cfg, backend),

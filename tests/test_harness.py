@@ -387,3 +387,20 @@ class _GoAtReady:
         self.words[index] = value
         if index == READY and value > 0:
             self.words[GO] = self.nonce
+
+
+def test_a_request_is_served_on_the_harness_cpus_and_the_thread_freed_after():
+    # The harness spins through every round on the thread that serves the request: off the servers'
+    # CPUs, whoever started it (a harness in the worker's own process was not pinned at all).
+    from env_pool.trusted.harness import on_cpus
+    mine = os.sched_getaffinity(0)
+    one = (max(mine),)
+    seen = {}
+    with on_cpus(one):
+        seen["serving"] = os.sched_getaffinity(0)
+        started = threading.Thread(target=lambda: seen.update(started=os.sched_getaffinity(0)))
+        started.start()
+        started.join()
+    assert seen == {"serving": set(one), "started": set(one)}
+    assert os.sched_getaffinity(0) == mine
+    assert request_for().harness_cpus  # the worker always names them (evaluate.split_cpus)

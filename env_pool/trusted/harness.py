@@ -34,12 +34,14 @@ serves the reference: it is the same code, in the same kind of process):
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import re
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -331,11 +333,33 @@ def out_of_memory(message: str) -> bool:
 
 def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> dict:
     try:
-        return evaluate_rounds(cache.get(request), pools, request)
+        with on_cpus(request.harness_cpus):
+            return evaluate_rounds(cache.get(request), pools, request)
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
         return {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: tuple[int, ...]) -> Iterator[None]:
+    """The calling thread (and the threads it starts) on ``cpus`` meanwhile; on all of them again after.
+
+    The harness spins through every round on the thread that serves it. Pinning the harness's
+    process from outside (HarnessProcess) pins the thread it started with, and a harness run in
+    the worker's own process (scripts/profile_harness.py, the tests) was not pinned at all: its
+    thread shared the server's one CPU on a 2-core machine, and 3 to 6 of 12 eager ReLU rounds
+    took 15-30 ms where the rest took 3 (the baselines implausible in most evaluations).
+    """
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # 0: the calling thread, on Linux
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ class HarnessRequest:
     threads: int  # env.threads: the servers' and the reference's threads
     cpus: tuple[int, ...]  # the servers' CPUs (evaluate.split_cpus), sampled by the code sampler
     startup_cpus: tuple[int, ...]  # where waiting servers start up: the builds' CPUs
+    harness_cpus: tuple[int, ...]  # the harness's own (evaluate.split_cpus): its thread spins there through every round
     warmup: int  # env.warmup: untimed rounds before the timed ones
     repetitions: int  # env.repetitions: timed rounds
     calls_per_round: int  # env.calls_per_round (0: the harness chooses, round_protocol.choose_calls), or the cached baselines' calls
