@@ -369,7 +369,7 @@ def give_run(rounds: Rounds, server: Server, control: Control, memory: SlotMemor
     r = rounds.request
     payload = {"task": r.task, "backend": rounds.backend, "threads": r.threads, "phases": phases, "rules": rounds.rules.name,
                "layout": rounds.layout.to_dict(), "init_seed": rounds.init_seed, "compile_mode": r.compile_mode,
-               "seccomp": r.seccomp, "watched": not trusted}
+               "seccomp": r.seccomp, "watched": not trusted, "timed": r.mode != "verify"}
     for word in (GO, READY, DONE):  # a fresh run: nothing an earlier server wrote counts (a planted GO included)
         control.words[word] = 0
     control.set_message("")
