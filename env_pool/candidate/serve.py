@@ -63,7 +63,7 @@ DEVICE_ENV = "CUDA_AGENT_SERVE_DEVICE"  # cpu or cuda: what warm_up prepares
 WARM_BYTE = b"w"  # sent on the fd socket once warm_up is done, before the server reads its payload
 WARM_HEAP_ROUNDS = 8  # a CPU server's heap faulted in ahead: this many rounds' inputs and outputs
 WARM_HEAP_CHUNK = 16 << 20  # taken in pieces below glibc's mmap threshold (server_pool.STEADY_MALLOC): all from the heap
-WARM_HEAP_MAX = 512 << 20
+WARM_HEAP_MAX = 512 << 20  # these pages count against the server's memory limit (env.memory_limit_mb)
 
 
 _MAPPED: list = []  # the round memory of this process's run, never unmapped (serve)

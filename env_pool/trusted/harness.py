@@ -347,9 +347,8 @@ def on_cpus(cpus: tuple[int, ...]) -> Iterator[None]:
 
     The harness spins through every round on the thread that serves it. Pinning the harness's
     process from outside (HarnessProcess) pins the thread it started with, and a harness run in
-    the worker's own process (scripts/profile_harness.py, the tests) was not pinned at all: its
-    thread shared the server's one CPU on a 2-core machine, and 3 to 6 of 12 eager ReLU rounds
-    took 15-30 ms where the rest took 3 (the baselines implausible in most evaluations).
+    the worker's own process (scripts/profile_harness.py, the tests) was not pinned at all: on a
+    2-core machine its thread was seen on the server's one CPU during rounds.
     """
     if not cpus:
         yield
