@@ -143,6 +143,7 @@ def warm_heap(layout: Layout) -> None:
     """
     round_bytes = layout.calls * (layout.stride + sum(o.nbytes for o in layout.outputs))
     total = min(WARM_HEAP_ROUNDS * round_bytes, WARM_HEAP_MAX)
+    # Held all at once, then let go: each freed before the next was taken would be taken again, and the heap would not grow.
     pieces = [torch.ones(min(WARM_HEAP_CHUNK, total - at), dtype=torch.uint8) for at in range(0, total, WARM_HEAP_CHUNK)]
     del pieces
 
