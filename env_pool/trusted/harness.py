@@ -7,7 +7,8 @@ kept warm by env_pool/trusted/harness_process.py, one per worker). It decides ev
   written into the shared input slots (the same addresses every round, new contents);
 - time: each round on this process's own clock, from GO to the moment the round's outputs
   have been copied out of the shared slots, less the median of the same server's ``null``
-  phase (the protocol's own cost, measured before any candidate code was loaded);
+  phase (the protocol's own cost, measured before any candidate code was loaded; in turn, of
+  every server's null phase pooled, the same for each side: shared_null);
 - correctness: every round's outputs, warm-up and timed alike, against the reference run
   here on the same inputs; the output slots are NaN-poisoned before each round, so a missing
   output fails; inputs are compared with the private copies after each round (mutation);
@@ -114,8 +115,10 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
         result.update(failure="infra", message=str(err), run_log=err.output, violations=err.violations)
         return result
     reps = served - warmup  # the timed turns served: past MIN_TURNS, their time budget may end them early
+    null = runs["null"].staging_ns[warmup:]
     if in_turn:
-        timings, failed = baseline_timings(baseline_runs, warmup, rounds.calls)
+        null = shared_null(runs, baseline_runs, warmup)
+        timings, failed = baseline_timings(baseline_runs, warmup, rounds.calls, null)
         if failed:
             result.update(failed)
             return result
@@ -139,7 +142,6 @@ def evaluate_rounds(rounds: Rounds, pools: ServerPools, request: HarnessRequest)
         result.update(failure="wrong", message="the output does not change with the inputs")
         return result
     if full:
-        null = runs["null"].staging_ns[warmup:]
         timing = net_timing(run.samples_ns[-reps:], null, rounds.calls)
         if above_protocol_noise(timing, run.staging_ns[-reps:]):
             result["candidate"] = timing.__dict__
@@ -201,23 +203,39 @@ def _time_in_one_server(rounds: Rounds, pools: ServerPools, request: HarnessRequ
     return _timings_of(runs, names, warmup, rounds.calls)
 
 
-def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int, calls: int) -> tuple[dict[str, dict], dict]:
-    """The baselines' timings from the runs of their servers in turn (one per baseline): (Timing dicts
-    by name, {}), or ({}, the infra failure to report)."""
+def shared_null(candidate_runs: dict[str, PhaseRun], baseline_runs: dict[str, dict[str, PhaseRun]],
+                warmup: int) -> list[int]:
+    """The staging of every server's null phase, pooled: what is subtracted from each side's rounds in turn.
+
+    The harness stages the same inputs and outputs for each of a turn's servers, so its staging in
+    the turns was the same for the three to within 0.03 ms (argmax on 2 cores). Each server's own
+    null phase, timed alone, measured it at 0.49-0.97 ms: subtracting each its own moved one side's
+    net time against the other's, and ten evaluations of one argmax kernel put it at 1.11-1.51x
+    torch.compile (1.22-1.45x with one pooled constant). Every null phase ran before any candidate
+    code loaded, so none of them is the candidate's to move.
+    """
+    parts = [candidate_runs["null"], *(runs["null"] for runs in baseline_runs.values())]
+    return [ns for run in parts for ns in run.staging_ns[warmup:]]
+
+
+def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int, calls: int,
+                     null: list[int]) -> tuple[dict[str, dict], dict]:
+    """The baselines' timings from the runs of their servers in turn (one per baseline), each less the
+    ``null`` staging (shared_null): (Timing dicts by name, {}), or ({}, the infra failure to report)."""
     timings: dict[str, dict] = {}
     for name, server_runs in runs.items():
-        timed, failed = _timings_of(server_runs, (name,), warmup, calls)
+        timed, failed = _timings_of(server_runs, (name,), warmup, calls, null)
         if failed:
             return {}, failed
         timings[name] = timed[name].__dict__
     return timings, {}
 
 
-def _timings_of(runs: dict[str, PhaseRun], names: tuple[str, ...], warmup: int,
-                calls: int) -> tuple[dict[str, Timing], dict]:
-    """The named phases' timings (``calls`` calls a round), each less its server's null phase, or the infra
-    failure when one cannot be timed."""
-    null = runs["null"].staging_ns[warmup:]
+def _timings_of(runs: dict[str, PhaseRun], names: tuple[str, ...], warmup: int, calls: int,
+                null: list[int] | None = None) -> tuple[dict[str, Timing], dict]:
+    """The named phases' timings (``calls`` calls a round), each less the ``null`` staging (default: its
+    server's null phase's), or the infra failure when one cannot be timed."""
+    null = runs["null"].staging_ns[warmup:] if null is None else null
     timings = {}
     for name in names:
         disturbed = runs[name].disturbance

@@ -743,8 +743,9 @@ def net_timing(samples_ns: list[int], null_staging_ns: list[int], calls: int = 1
     """Median and IQR of the rounds less the protocol's own cost, in ms a call (``calls`` a round).
 
     The cost subtracted is only what the harness itself does in a round and the server can
-    neither skip nor shorten: writing the inputs and reading the outputs, as the same server's
-    null phase measured them before any candidate code loaded. Nothing the server's process
+    neither skip nor shorten: writing the inputs and reading the outputs, as null phases measured
+    them before any candidate code loaded (the same server's; in turn, every server's pooled:
+    harness.shared_null). Nothing the server's process
     does is subtracted (its wake-up, its loop, the moments between its DONE and its freeze are
     every phase's own, the baselines' included): a cost measured on the server's side is one a
     candidate can skip, as it skipped the output copy that the null phase once paid.
