@@ -544,7 +544,7 @@ async def _harness(ctx, task, backend, mode, baseline, scratch, private) -> dict
                               ctx.private_paths, cached.eager.calls if cached else int(cfg.calls_per_round))
     in_turn = mode == "full" and request.in_turn
     recheck = mode == "full" and bool(cfg.eager_recheck)  # the eager baseline timed again after the candidate's rounds
-    servers = 1 if in_turn else int(cfg.baseline_servers) if baseline else 0
+    servers = int(cfg.turn_servers) if in_turn else int(cfg.baseline_servers) if baseline else 0
     limit = (HARNESS_START_S + cfg.run_timeout_s + servers * (cfg.run_timeout_s + cfg.compile_timeout_s)
              + (cfg.run_timeout_s if recheck else 0))
     return await asyncio.to_thread(_quiet_request, ctx, request, limit, baseline or recheck or mode == "baselines")
@@ -563,7 +563,7 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
         harness_cpus=tuple(plan.harness),
         warmup=int(cfg.warmup), repetitions=int(cfg.repetitions), eager_recheck=bool(cfg.eager_recheck),
         calls_per_round=int(calls), round_memory_mb=int(cfg.round_memory_mb),
-        in_turn=times_in_turn(cfg, backend),
+        in_turn=times_in_turn(cfg, backend), turn_servers=int(cfg.turn_servers),
         baseline_servers=int(cfg.baseline_servers),
         correctness_inputs=int(cfg.correctness_inputs),
         adversarial_inputs=bool(cfg.adversarial_inputs), compile_mode=str(cfg.compile_mode), seccomp=bool(cfg.seccomp),
@@ -579,6 +579,9 @@ def times_in_turn(cfg, backend: str) -> bool:
     """Whether a full evaluation times its own baselines in turn with the candidate (env.baseline_timing);
     a setting that cannot hold is a ValueError naming the fields and the fix."""
     timing = str(cfg.baseline_timing)
+    if int(cfg.turn_servers) < 1:
+        raise ValueError(f"env.turn_servers={cfg.turn_servers}: each baseline timed in turn needs at least 1 server. "
+                         "Set env.turn_servers=2 (the default) or 1")
     if timing == "auto":
         return backend == "cpp" and not cfg.eager_recheck and int(cfg.baseline_servers) <= 1
     if timing == "in_turn" and backend == "cuda":

@@ -17,39 +17,48 @@ from tests.corpus_cases import CORPUS, files_of
 def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each_per_turn(tmp_path, monkeypatch):
     """Every server built and frozen first; then each turn one round of each, in a rotating order;
     the speedups read turn by turn. Timed apart (cached), the baselines ran seconds before the
-    candidate, and the 2-core machine's drift between the stretches decided its milestones. The
-    turns stop at their time budget once the least count is served (here at once: 2 warm-up and
-    4 timed turns of env.repetitions' 6)."""
+    candidate, and the 2-core machine's drift between the stretches decided its milestones. Each
+    baseline has env.turn_servers (2) servers: both take every warm-up turn, then the timed turns go
+    to each in rotation. The turns stop at their time budget once the least count is served (here at
+    once: 2 warm-up and 6 timed turns of env.repetitions' 8)."""
     monkeypatch.setattr(turns, "BUDGET_SHARE", 0.0)
-    monkeypatch.setattr(turns, "MIN_TURNS", 4)
-    served: list[str] = []
+    monkeypatch.setattr(turns, "MIN_TURNS", 6)
+    served: list[tuple[int, str]] = []  # (the server, by its order of first service; its phase)
+    order: dict[int, int] = {}
     original = round_protocol.Session._round
 
     def spy(self, given, check, label, calls):
-        served.append(f"{self.phases[-1]}:{self.phases[len(self.runs)]}")  # the server (by its last phase), the phase
+        order.setdefault(id(self), len(order))
+        served.append((order[id(self)], f"{self.phases[-1]}:{self.phases[len(self.runs)]}"))
         return original(self, given, check, label, calls)
 
     monkeypatch.setattr(round_protocol.Session, "_round", spy)
     folder = CORPUS / "legit" / "relu_omp"
     task = {t.id: t for t in load_tasks()[0]}[json.loads((folder / "case.json").read_text())["task"]]
-    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warmup=2, repetitions=6, pch_dir="", baseline_timing="in_turn"))
+    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warmup=2, repetitions=8, pch_dir="", baseline_timing="in_turn"))
     ctx._harness = inproc = InProcessHarness()
     try:
         result = asyncio.run(evaluate(ctx, task, files_of(folder), "full"))
     finally:
         inproc.close()
     assert result.failure is None, result.message
-    assert result.timed_in_turn and len(result.eager.samples_ms) == len(result.compiled.samples_ms) == 4
-    # Four turns on a busy 2-core machine may leave a baseline too noisy to compare with: no speed claim then.
-    assert (result.candidate is not None and len(result.candidate.samples_ms) == 4) or "too noisy" in result.message
-    assert len(result.checks) == len([s for s in served if s == "candidate:candidate"])  # every candidate round checked
-    timed = served[-3 * 6:]  # 2 warm-up and 4 timed turns
-    turn = ["candidate:candidate", "compiled:compiled", "eager:eager"]
-    assert all(sorted(timed[k:k + 3]) == turn for k in range(0, len(timed), 3)), timed
-    assert len({tuple(timed[k:k + 3]) for k in range(0, 18, 3)}) == 6, timed  # every order, once each
+    assert result.timed_in_turn and len(result.eager.samples_ms) == len(result.compiled.samples_ms) == 6
+    # Six turns on a busy 2-core machine may leave a baseline too noisy to compare with: no speed claim then.
+    assert (result.candidate is not None and len(result.candidate.samples_ms) == 6) or "too noisy" in result.message
+    assert len(result.checks) == len([s for s in served if s[1] == "candidate:candidate"])  # every candidate round checked
+    names = ["candidate:candidate", "compiled:compiled", "eager:eager"]
+    timed = served[-3 * 6:]
+    warm = served[-3 * 6 - 5 * 2:-3 * 6]  # the candidate and both servers of each baseline, twice
+    assert sorted(s[1] for s in warm) == sorted(names * 2 + names[1:] * 2), warm
+    assert len({s[0] for s in warm}) == 5, warm
+    turn_servers = [{s[0] for s in timed[k:k + 3]} for k in range(0, len(timed), 3)]
+    assert all(sorted(s[1] for s in timed[k:k + 3]) == names for k in range(0, len(timed), 3)), timed
+    assert turn_servers[0::2] == [turn_servers[0]] * 3 and turn_servers[1::2] == [turn_servers[1]] * 3, turn_servers
+    assert len(turn_servers[0] | turn_servers[1]) == 5, "the timed turns alternate between the baselines' servers"
+    assert len({tuple(s[1] for s in timed[k:k + 3]) for k in range(0, 18, 3)}) == 6, timed  # every order, once each
     # Before the turns: the baselines' null phases (then their builds), then the candidate's null
     # phase and its checked rounds, alone.
-    before = served[:-len(timed)]
+    before = [s[1] for s in served[:-len(timed) - len(warm)]]
     first = before.index("candidate:null")
     assert set(before[:first]) == {"eager:null", "compiled:null"}, before
     assert set(before[first:]) == {"candidate:null", "candidate:candidate"}, before
@@ -65,6 +74,7 @@ def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each
     ({"baseline_timing": "in_turn"}, "cpp", True),
     ({"baseline_timing": "in_turn"}, "cuda", "env.baseline_timing=cached"),
     ({"baseline_timing": "in_turn", "eager_recheck": True}, "cpp", "env.eager_recheck=false"),
+    ({"turn_servers": 0}, "cpp", "env.turn_servers=2"),
 ])
 def test_baselines_are_timed_in_turn_on_cpp_by_default_and_refused_where_that_cannot_hold(settings, backend, in_turn):
     cfg = EnvConfig(**settings, backend=backend)
@@ -123,3 +133,21 @@ def test_every_side_in_turn_is_less_one_staging_pooled_from_all_null_phases():
     mine = net_timing(candidate["candidate"].samples_ns[2:], null)
     assert mine.median_ms == pytest.approx(1.3)
     assert timings["eager"]["median_ms"] == pytest.approx(4.3) and timings["compiled"]["median_ms"] == pytest.approx(2.3)
+
+
+def test_a_baselines_servers_in_rotation_are_merged_in_the_order_of_the_turns():
+    """Server k took timed turns k, k + n, ...: merged turn by turn, each round stays paired with the
+    candidate's of its turn (env_pool/reward.py resamples whole turns); the nulls pooled after warm-up."""
+    from env_pool.trusted.round_protocol import PhaseRun
+
+    def server(first: int) -> dict[str, PhaseRun]:
+        return {"null": PhaseRun(staging_ns=[first, first, first + 1, first + 2]),
+                "eager": PhaseRun(samples_ns=[first, first, first + 10, first + 20, first + 30],
+                                  staging_ns=[7, 7, 1, 1, 1])}
+
+    merged = turns._merged([server(100), server(200)], "eager", warmup=2)
+    assert merged["eager"].samples_ns == [100, 100, 110, 210, 120, 220, 130, 230]
+    assert len(merged["eager"].staging_ns) == len(merged["eager"].samples_ns)
+    assert merged["null"].staging_ns[2:] == [101, 102, 201, 202]
+    alone = server(100)
+    assert turns._merged([alone], "eager", warmup=2) is alone

@@ -33,6 +33,7 @@ class HarnessRequest:
     baseline_servers: int  # env.baseline_servers: trusted servers the baselines are timed in, their rounds pooled
     eager_recheck: bool  # env.eager_recheck: time the eager baseline again after a full evaluation's candidate rounds
     in_turn: bool  # env.baseline_timing: a full evaluation's baselines timed in turn with the candidate's rounds (env_pool/trusted/turns.py)
+    turn_servers: int  # env.turn_servers: in turn, trusted servers per baseline, the timed turns going to each in rotation
     correctness_inputs: int  # env.correctness_inputs: fresh input sets checked before the rest
     adversarial_inputs: bool  # env.adversarial_inputs: the extreme sets too
     compile_mode: str  # env.compile_mode: the compiled baseline's torch.compile mode

@@ -15,6 +15,12 @@ times), 3 and 1. Served in turn, a turn's three rounds share their stretch, and 
 resamples whole turns: the machine's drift moves both sides of a speedup together instead of
 widening its interval.
 
+A server's process biases all of its rounds (one eager server's rms_norm rounds ran 20% slower than
+the others' over a whole evaluation), and no count of turns in one server averages that away. So
+each baseline has env.turn_servers trusted servers, and the timed turns go to each in rotation
+(every one of them takes every warm-up turn): a slow one is half of its baseline's rounds, and the
+difference between them is in the turns the bootstrap resamples.
+
 Every server is started, built (torch.compile included) and frozen in its timed phase before the
 turns begin, so nothing builds beside a timed round; the baselines' servers are built before the
 candidate's is taken, so its time limit is not spent on torch.compile. The turns go through every
@@ -57,15 +63,17 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
                     timed: int, baselines: tuple[str, ...] = ()) -> tuple[dict[str, PhaseRun], dict, dict[str, dict[str, PhaseRun]], int]:
     """The candidate's two phases (null; its rounds, whose last ``timed`` are turns: warm-up, then
     timed), each turn with one round of each of ``baselines`` on ``timed_set`` (none: the candidate's
-    rounds alone, its baselines cached): (the candidate's runs, its server's report, each baseline's
-    runs by name, the turns served). The candidate's failure is raised as RoundsFailed; a baselines'
-    server's, when the candidate's own rounds did not fail, as BaselinesFailed."""
+    rounds alone, its baselines cached), from request.turn_servers servers each in rotation: (the
+    candidate's runs, its server's report, each baseline's runs by name, its servers' merged: _merged,
+    the turns served). The candidate's failure is raised as RoundsFailed; a baselines' server's, when
+    the candidate's own rounds did not fail, as BaselinesFailed."""
     (_, null, _, _), (_, todo, _, labels) = phases
     checked = len(todo) - timed
     served = 0
+    copies = max(1, request.turn_servers) if baselines else 1
     with contextlib.ExitStack() as held:  # every server stopped and released, whatever fails
         others = [held.enter_context(Session(rounds, pools, ["null", name], Path(request.reference_cwd), trusted=True,
-                                             own_memory=True)) for name in baselines]
+                                             own_memory=True)) for _ in range(copies) for name in baselines]
         for session in others:  # all started before any null rounds: no start-up beside them
             session.begin(len(null))
         for session in others:
@@ -76,7 +84,8 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
         if candidate.begin(len(null)) and _null_then_begin(candidate, pools, null, len(todo)):
             with pools.quiet(candidate.timed):
                 if candidate.serve(todo[:checked], True, labels[:checked]):
-                    served = _turns(candidate, others, todo[checked:], labels[checked:], timed_set,
+                    teams = [others[k:k + len(baselines)] for k in range(0, len(others), len(baselines) or 1)]
+                    served = _turns(candidate, teams, todo[checked:], labels[checked:], timed_set, request.warmup,
                                     request.warmup + MIN_TURNS, BUDGET_SHARE * request.run_timeout_s)
         for session in [candidate, *others]:
             session.end()
@@ -85,7 +94,9 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
             failed = _baselines_failure(others)
             failed.violations = report["violations"]
             raise failed
-        return runs, report, {name: _runs_of(session) for name, session in zip(baselines, others)}, served
+        merged = {name: _merged([_runs_of(s) for s in others[k::len(baselines)]], name, request.warmup)
+                  for k, name in enumerate(baselines)}
+        return runs, report, merged, served
 
 
 def _null_then_begin(session: Session, pools: ServerPools, null: list, count: int) -> bool:
@@ -95,25 +106,47 @@ def _null_then_begin(session: Session, pools: ServerPools, null: list, count: in
     return session.end() and session.begin(count)
 
 
-def _turns(candidate: Session, baselines: list[Session], todo: list, labels: list[str], timed_set: Any,
-           at_least: int, budget_s: float) -> int:
-    """One round of each server per turn, through every order of them; the turns served. Stops at the first
-    failure, and past ``budget_s`` once ``at_least`` turns are served."""
-    servers = [candidate, *baselines]
-    orders = list(itertools.permutations(range(len(servers))))  # all of them, in turn: each server follows each as often
+def _turns(candidate: Session, teams: list[list[Session]], todo: list, labels: list[str], timed_set: Any,
+           warmup: int, at_least: int, budget_s: float) -> int:
+    """One round of each server per turn, through every order of them; the turns served. ``teams``: one
+    server of each baseline per team (none: the candidate alone); every team takes every warm-up
+    turn, then the timed turns go to one team each in rotation. Stops at the first failure, and past
+    ``budget_s`` once ``at_least`` turns are served."""
+    teams = teams or [[]]
+    orders = list(itertools.permutations(range(1 + len(teams[0]))))  # all of them, in turn: each server follows each as often
     begun = time.monotonic()
     for turn, (given, label) in enumerate(zip(todo, labels)):
         if turn >= at_least and time.monotonic() - begun > budget_s:
             return turn
-        for session in (servers[k] for k in orders[turn % len(orders)]):
+        playing = teams if turn < warmup else [teams[(turn - warmup) % len(teams)]]
+        first = [candidate, *playing[0]]
+        for session in [first[k] for k in orders[turn % len(orders)]] + [s for team in playing[1:] for s in team]:
             calls = session.rounds.calls  # each timed round's: the null phase's too
             served = (session.serve([given], True, [label], calls) if session is candidate
                       else session.serve([timed_set], False, calls=calls))
-            if served and session is candidate and baselines:
+            if served and session is candidate and any(playing):
                 served = _no_timers_left(candidate)
             if not served:
                 return turn
     return len(todo)
+
+
+def _merged(copies: list[dict[str, PhaseRun]], name: str, warmup: int) -> dict[str, PhaseRun]:
+    """One baseline's runs from its servers in rotation: every server's null staging after its warm-up,
+    and the first server's warm-up rounds, then the timed rounds in the order of the turns (server
+    k took timed turns k, k + n, ...): paired with the candidate's turn by turn (env_pool/reward.py)."""
+    if len(copies) == 1:
+        return copies[0]
+    null = PhaseRun(staging_ns=[0] * warmup + [ns for runs in copies for ns in runs["null"].staging_ns[warmup:]])
+    first, timed = copies[0][name], [runs[name] for runs in copies]
+    merged = PhaseRun(samples_ns=first.samples_ns[:warmup], staging_ns=first.staging_ns[:warmup],
+                      disturbance=next((run.disturbance for run in timed  # the worst's: a disturbed server fails it
+                                        if run.disturbance is not None and run.disturbance.too_disturbed), first.disturbance))
+    for j in range(sum(len(run.samples_ns) - warmup for run in timed)):
+        run, k = timed[j % len(timed)], warmup + j // len(timed)
+        merged.samples_ns.append(run.samples_ns[k])
+        merged.staging_ns.append(run.staging_ns[k])
+    return {"null": null, name: merged}
 
 
 def _no_timers_left(candidate: Session) -> bool:
