@@ -220,8 +220,8 @@ def shared_null(candidate_runs: dict[str, PhaseRun], baseline_runs: dict[str, di
 
 def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int, calls: int,
                      null: list[int]) -> tuple[dict[str, dict], dict]:
-    """The baselines' timings from the runs of their servers in turn (one per baseline), each less the
-    ``null`` staging (shared_null): (Timing dicts by name, {}), or ({}, the infra failure to report)."""
+    """The baselines' timings from their runs in turn (each baseline's servers merged: turns._merged),
+    each less the ``null`` staging (shared_null): (Timing dicts by name, {}), or ({}, the infra failure to report)."""
     timings: dict[str, dict] = {}
     for name, server_runs in runs.items():
         timed, failed = _timings_of(server_runs, (name,), warmup, calls, null)

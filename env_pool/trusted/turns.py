@@ -137,6 +137,7 @@ def _merged(copies: list[dict[str, PhaseRun]], name: str, warmup: int) -> dict[s
     k took timed turns k, k + n, ...): paired with the candidate's turn by turn (env_pool/reward.py)."""
     if len(copies) == 1:
         return copies[0]
+    # ``warmup`` places in front, as each null phase has its warm-up rounds there: the harness drops them.
     null = PhaseRun(staging_ns=[0] * warmup + [ns for runs in copies for ns in runs["null"].staging_ns[warmup:]])
     first, timed = copies[0][name], [runs[name] for runs in copies]
     merged = PhaseRun(samples_ns=first.samples_ns[:warmup], staging_ns=first.staging_ns[:warmup],
