@@ -124,8 +124,8 @@ def test_every_side_in_turn_is_less_one_staging_pooled_from_all_null_phases():
         return PhaseRun(samples_ns=[int(rounds_ms * 1e6)] * 6, staging_ns=[int(staging_ms * 1e6)] * 6)
 
     candidate = {"null": run(0.5), "candidate": run(0.8, 2.0)}
-    baselines = {"eager": {"null": run(0.9), "eager": run(0.8, 5.0)},
-                 "compiled": {"null": run(0.7), "compiled": run(0.8, 3.0)}}
+    baselines = {"eager": [{"null": run(0.9), "eager": run(0.8, 5.0)}],
+                 "compiled": [{"null": run(0.7), "compiled": run(0.8, 3.0)}]}
     null = shared_null(candidate, baselines, warmup=2)
     assert sorted(null) == sorted([500_000] * 4 + [900_000] * 4 + [700_000] * 4)  # the warm-up rounds left out
     timings, failed = baseline_timings(baselines, 2, 1, null)
@@ -138,6 +138,7 @@ def test_every_side_in_turn_is_less_one_staging_pooled_from_all_null_phases():
 def test_a_baselines_servers_in_rotation_are_merged_in_the_order_of_the_turns():
     """Server k took timed turns k, k + n, ...: merged turn by turn, each round stays paired with the
     candidate's of its turn (env_pool/reward.py resamples whole turns); the nulls pooled after warm-up."""
+    from env_pool.trusted.harness import shared_null
     from env_pool.trusted.round_protocol import PhaseRun
 
     def server(first: int) -> dict[str, PhaseRun]:
@@ -145,9 +146,11 @@ def test_a_baselines_servers_in_rotation_are_merged_in_the_order_of_the_turns():
                 "eager": PhaseRun(samples_ns=[first, first, first + 10, first + 20, first + 30],
                                   staging_ns=[7, 7, 1, 1, 1])}
 
-    merged = turns._merged([server(100), server(200)], "eager", warmup=2)
-    assert merged["eager"].samples_ns == [100, 100, 110, 210, 120, 220, 130, 230]
-    assert len(merged["eager"].staging_ns) == len(merged["eager"].samples_ns)
-    assert merged["null"].staging_ns[2:] == [101, 102, 201, 202]
-    alone = server(100)
-    assert turns._merged([alone], "eager", warmup=2) is alone
+    servers = [server(100), server(200)]
+    merged = turns.merged_rounds([runs["eager"] for runs in servers], warmup=2)
+    assert merged.samples_ns == [100, 100, 110, 210, 120, 220, 130, 230]
+    assert len(merged.staging_ns) == len(merged.samples_ns)
+    candidate = {"null": PhaseRun(staging_ns=[0, 0])}
+    assert shared_null(candidate, {"eager": servers}, warmup=2) == [101, 102, 201, 202]
+    alone = server(100)["eager"]
+    assert turns.merged_rounds([alone], warmup=2) is alone

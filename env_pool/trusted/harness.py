@@ -50,7 +50,7 @@ from env_pool.isolation.sandbox import SandboxError
 from env_pool.shared.inputs import ADVERSARIAL, adversarial
 from env_pool.trusted.code_sampler import judge
 from env_pool.trusted.harness_request import HarnessRequest
-from env_pool.trusted.turns import BASELINES, BaselinesFailed, serve_candidate
+from env_pool.trusted.turns import BASELINES, BaselinesFailed, merged_rounds, serve_candidate
 from env_pool.trusted.round_protocol import (NULL_ROUNDS, PhaseRun, Rounds, RoundsFailed, above_protocol_noise, net_timing,
                                              pooled, seccomp_works, serve_phases, set_tf32)
 from env_pool.trusted.server_pool import ServerPools, log
@@ -203,7 +203,7 @@ def _time_in_one_server(rounds: Rounds, pools: ServerPools, request: HarnessRequ
     return _timings_of(runs, names, warmup, rounds.calls)
 
 
-def shared_null(candidate_runs: dict[str, PhaseRun], baseline_runs: dict[str, dict[str, PhaseRun]],
+def shared_null(candidate_runs: dict[str, PhaseRun], baseline_runs: dict[str, list[dict[str, PhaseRun]]],
                 warmup: int) -> list[int]:
     """The staging of every server's null phase, pooled: what is subtracted from each side's rounds in turn.
 
@@ -214,17 +214,19 @@ def shared_null(candidate_runs: dict[str, PhaseRun], baseline_runs: dict[str, di
     torch.compile (1.22-1.45x with one pooled constant). Every null phase ran before any candidate
     code loaded, so none of them is the candidate's to move.
     """
-    parts = [candidate_runs["null"], *(runs["null"] for runs in baseline_runs.values())]
+    parts = [candidate_runs["null"], *(runs["null"] for servers in baseline_runs.values() for runs in servers)]
     return [ns for run in parts for ns in run.staging_ns[warmup:]]
 
 
-def baseline_timings(runs: dict[str, dict[str, PhaseRun]], warmup: int, calls: int,
+def baseline_timings(runs: dict[str, list[dict[str, PhaseRun]]], warmup: int, calls: int,
                      null: list[int]) -> tuple[dict[str, dict], dict]:
-    """The baselines' timings from their runs in turn (each baseline's servers merged: turns._merged),
-    each less the ``null`` staging (shared_null): (Timing dicts by name, {}), or ({}, the infra failure to report)."""
+    """The baselines' timings from the runs of their servers in turn (each baseline's merged turn by
+    turn: turns.merged_rounds), each less the ``null`` staging (shared_null): (Timing dicts by name, {}),
+    or ({}, the infra failure to report)."""
     timings: dict[str, dict] = {}
-    for name, server_runs in runs.items():
-        timed, failed = _timings_of(server_runs, (name,), warmup, calls, null)
+    for name, servers in runs.items():
+        phase = merged_rounds([server[name] for server in servers], warmup)
+        timed, failed = _timings_of({name: phase}, (name,), warmup, calls, null)
         if failed:
             return {}, failed
         timings[name] = timed[name].__dict__

@@ -60,20 +60,21 @@ class BaselinesFailed(Exception):
 
 
 def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest, phases: list[Phase], timed_set: Any,
-                    timed: int, baselines: tuple[str, ...] = ()) -> tuple[dict[str, PhaseRun], dict, dict[str, dict[str, PhaseRun]], int]:
+                    timed: int, baselines: tuple[str, ...] = ()) -> tuple[dict[str, PhaseRun], dict, dict[str, list[dict[str, PhaseRun]]], int]:
     """The candidate's two phases (null; its rounds, whose last ``timed`` are turns: warm-up, then
     timed), each turn with one round of each of ``baselines`` on ``timed_set`` (none: the candidate's
     rounds alone, its baselines cached), from request.turn_servers servers each in rotation: (the
-    candidate's runs, its server's report, each baseline's runs by name, its servers' merged: _merged,
-    the turns served). The candidate's failure is raised as RoundsFailed; a baselines' server's, when
+    candidate's runs, its server's report, by baseline the runs of each of its servers, the turns
+    served). The candidate's failure is raised as RoundsFailed; a baselines' server's, when
     the candidate's own rounds did not fail, as BaselinesFailed."""
     (_, null, _, _), (_, todo, _, labels) = phases
     checked = len(todo) - timed
     served = 0
-    copies = max(1, request.turn_servers) if baselines else 1
     with contextlib.ExitStack() as held:  # every server stopped and released, whatever fails
-        others = [held.enter_context(Session(rounds, pools, ["null", name], Path(request.reference_cwd), trusted=True,
-                                             own_memory=True)) for _ in range(copies) for name in baselines]
+        teams = [[held.enter_context(Session(rounds, pools, ["null", name], Path(request.reference_cwd), trusted=True,
+                                             own_memory=True)) for name in baselines]
+                 for _ in range(max(1, request.turn_servers) if baselines else 0)]  # a server of each baseline per team
+        others = [session for team in teams for session in team]
         for session in others:  # all started before any null rounds: no start-up beside them
             session.begin(len(null))
         for session in others:
@@ -84,7 +85,6 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
         if candidate.begin(len(null)) and _null_then_begin(candidate, pools, null, len(todo)):
             with pools.quiet(candidate.timed):
                 if candidate.serve(todo[:checked], True, labels[:checked]):
-                    teams = [others[k:k + len(baselines)] for k in range(0, len(others), len(baselines) or 1)]
                     served = _turns(candidate, teams, todo[checked:], labels[checked:], timed_set, request.warmup,
                                     request.warmup + MIN_TURNS, BUDGET_SHARE * request.run_timeout_s)
         for session in [candidate, *others]:
@@ -94,9 +94,7 @@ def serve_candidate(rounds: Rounds, pools: ServerPools, request: HarnessRequest,
             failed = _baselines_failure(others)
             failed.violations = report["violations"]
             raise failed
-        merged = {name: _merged([_runs_of(s) for s in others[k::len(baselines)]], name, request.warmup)
-                  for k, name in enumerate(baselines)}
-        return runs, report, merged, served
+        return runs, report, {name: [_runs_of(team[k]) for team in teams] for k, name in enumerate(baselines)}, served
 
 
 def _null_then_begin(session: Session, pools: ServerPools, null: list, count: int) -> bool:
@@ -131,23 +129,21 @@ def _turns(candidate: Session, teams: list[list[Session]], todo: list, labels: l
     return len(todo)
 
 
-def _merged(copies: list[dict[str, PhaseRun]], name: str, warmup: int) -> dict[str, PhaseRun]:
-    """One baseline's runs from its servers in rotation: every server's null staging after its warm-up,
-    and the first server's warm-up rounds, then the timed rounds in the order of the turns (server
-    k took timed turns k, k + n, ...): paired with the candidate's turn by turn (env_pool/reward.py)."""
-    if len(copies) == 1:
-        return copies[0]
-    # ``warmup`` places in front, as each null phase has its warm-up rounds there: the harness drops them.
-    null = PhaseRun(staging_ns=[0] * warmup + [ns for runs in copies for ns in runs["null"].staging_ns[warmup:]])
-    first, timed = copies[0][name], [runs[name] for runs in copies]
+def merged_rounds(servers: list[PhaseRun], warmup: int) -> PhaseRun:
+    """One baseline's timed phase from its servers in rotation: the first server's warm-up rounds, then
+    the timed rounds in the order of the turns (server k took timed turns k, k + n, ...), so each is
+    paired with the candidate's round of its turn (env_pool/reward.py)."""
+    if len(servers) == 1:
+        return servers[0]
+    first = servers[0]
     merged = PhaseRun(samples_ns=first.samples_ns[:warmup], staging_ns=first.staging_ns[:warmup],
-                      disturbance=next((run.disturbance for run in timed  # the worst's: a disturbed server fails it
+                      disturbance=next((run.disturbance for run in servers  # the worst's: a disturbed server fails it
                                         if run.disturbance is not None and run.disturbance.too_disturbed), first.disturbance))
-    for j in range(sum(len(run.samples_ns) - warmup for run in timed)):
-        run, k = timed[j % len(timed)], warmup + j // len(timed)
+    for j in range(sum(len(run.samples_ns) - warmup for run in servers)):
+        run, k = servers[j % len(servers)], warmup + j // len(servers)
         merged.samples_ns.append(run.samples_ns[k])
         merged.staging_ns.append(run.staging_ns[k])
-    return {"null": null, name: merged}
+    return merged
 
 
 def _no_timers_left(candidate: Session) -> bool:
