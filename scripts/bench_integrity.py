@@ -180,6 +180,8 @@ def keep_harness_logs(work: Path, out: Path) -> None:
 
 def env_settings(pairs: list[str]) -> dict:
     """--env's KEY=VALUE pairs, typed by EnvConfig (an unknown key or a bad value names itself)."""
+    if not pairs:  # omegaconf is not on the GPU machines
+        return {}
     from omegaconf import OmegaConf
 
     given = OmegaConf.from_dotlist(pairs)

@@ -1,6 +1,7 @@
 """The host time of one forward on a GPU, eager against a candidate: plain, under the fallback
-detector (entered around each call, or held around all of them as a server now holds it for a
-phase), with the guards armed; back to back and after an idle gap (as a round starts).
+detector held around all of them as a server holds it for a phase (torch's profiler since stop 56,
+and the Python dispatch mode it was before, side by side), with the guards armed; back to back and
+after an idle gap (as a round starts).
 
     python scripts/forward_host_cost.py        # on a GPU machine, from the project root; writes $OUT/diag.json
 
@@ -26,6 +27,7 @@ from env_pool.candidate import guards  # noqa: E402
 from env_pool.shared.arena import Arena  # noqa: E402
 from scripts.bench_integrity import candidate_module  # noqa: E402
 from scripts.launch_after_idle import idle, launch_times  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from tasks.loader import load_tasks  # noqa: E402
 from tasks.task import build_problem  # noqa: E402
 from tests.corpus_cases import CORPUS, files_of  # noqa: E402
@@ -42,6 +44,19 @@ def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, aro
             return model(x)
 
     return launch_times(forward, idle(gap_s, busy=False), CALLS, SKIPPED)
+
+
+class DispatchModeDetector(TorchDispatchMode):
+    """The fallback detector before stop 56: Python for every op that reaches the dispatcher's Python key."""
+
+    def __init__(self, state: guards.GuardState):
+        super().__init__()
+        self.state = state
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in guards.ALLOWED_OPS:
+            self.state.flag("torch_fallback", func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def main() -> None:
@@ -62,13 +77,14 @@ def main() -> None:
     for gap in GAPS_S:
         for name, model in models.items():
             measure(f"{name} plain gap{gap}", model, contextlib.nullcontext, gap)
-            measure(f"{name} detector gap{gap}", model, lambda: guards.FallbackDetector(plain), gap)
-            with guards.FallbackDetector(plain):  # pushed once for all the calls, as a server holds it for a phase
-                measure(f"{name} detector-held gap{gap}", model, contextlib.nullcontext, gap)
+            for kind, detector in (("profiler", guards.FallbackDetector), ("dispatch-mode", DispatchModeDetector)):
+                with detector(plain):  # begun once for all the calls, as a server holds it for a phase
+                    measure(f"{name} {kind}-held gap{gap}", model, contextlib.nullcontext, gap)
     armed = guards.install(work / "scratch")  # the audit hook and import blocker, as a candidate's server arms them
     armed.armed = True
     for gap in GAPS_S:
-        measure(f"candidate detector+armed gap{gap}", models["candidate"], lambda: guards.FallbackDetector(armed), gap)
+        with guards.FallbackDetector(armed):
+            measure(f"candidate profiler-held+armed gap{gap}", models["candidate"], contextlib.nullcontext, gap)
     armed.armed = False
     (Path(os.environ.get("OUT", work)) / "diag.json").write_text(json.dumps(rows, indent=1))
 

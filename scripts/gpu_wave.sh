@@ -35,12 +35,20 @@
 #   harness   the round protocol's gpu tests (tests/test_harness.py; needs .whl's wheels)
 #   paper     the paper's released axpby example scored unchanged, given its agent_workdir/ in the
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
+#   before    fidelity as above, run by an earlier tree of this project in the ignored .before/
+#             (`git archive REV | tar x -C .before`), for a side-by-side comparison in one lease
+#   detector  the cuda corpus cases of the fallback detector and most legitimate cuda kernels (~4 min
+#             on an H200; the whole cuda corpus, `corpus`, ~8 min)
+# FIDELITY_KERNELS (default: gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda) picks the
+# kernels the fidelity steps measure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${MODEL_SITE:+:$MODEL_SITE}${PYTHONPATH:+:$PYTHONPATH}"
 WAVE=/tmp/wave
 KB="${KB:-$PWD/.kb/kernelbench}"
 PAPER="${PAPER:-$PWD/.paper}"
+BEFORE="${BEFORE:-$PWD/.before}"
+FIDELITY_KERNELS="${FIDELITY_KERNELS:-gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda}"
 OUT="${OUT:-$PWD/gpu-figures}"
 # vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md).
 # float32, learn-check's own. In bf16 (the H100 run of 2026-11-27, reward -0.33 -> -0.08 in 12 steps)
@@ -73,10 +81,15 @@ learn_check() {  # NAME [OVERRIDE ...]: the learning check on the GPU, its run f
   step "$name" 600 python3 -m launch.cli train "${LEARN[@]}" "$@" logging.out_dir="$WAVE/$name"
 }
 
-fidelity() {  # NAME [KEY=VALUE ...]: five evaluations of two legit kernels under those env settings, against do_bench
+fidelity() {  # NAME [KEY=VALUE ...]: five evaluations of each FIDELITY_KERNELS kernel under those env settings, against do_bench
   local name=$1; shift
   step "$name" 600 python3 scripts/bench_integrity.py --out "$WAVE/$name" --skip-corpus --repeats 5 \
-    --kernels gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda ${1:+--env "$@"}
+    --kernels $FIDELITY_KERNELS ${1:+--env "$@"}
+}
+
+run_before() {  # the fidelity step as the tree in $BEFORE runs it (its own modules in its servers too)
+  (cd "$BEFORE" && PYTHONPATH="$BEFORE${MODEL_SITE:+:$MODEL_SITE}" timeout 600 python3 scripts/bench_integrity.py \
+     --out "$WAVE/before" --skip-corpus --repeats 5 --kernels $FIDELITY_KERNELS)
 }
 
 queue() {
@@ -93,6 +106,11 @@ queue() {
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
       idle) step idle 120 env OUT="$WAVE" python3 scripts/launch_after_idle.py ;;
       sets) step sets 900 run_sets ;;
+      before) step before 600 run_before ;;
+      detector) step detector 600 python3 scripts/bench_integrity.py --out "$WAVE/detector" --skip-fidelity --cases \
+                  torch_under_disabled_dispatch_cuda torch_fallback_load_inline_at_matmul_cuda ghost_kernel_cuda \
+                  gelu_cuda gelu_load_inline_cuda relu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda swish_paper_layout_cuda \
+                  load_inline_device_query_cuda matmul_tf32_paper_cuda ;;
       paper) step paper 420 env CUDA_AGENT_PAPER_REPO="$PAPER" bash scripts/run_gpu_tests.sh tests/test_paper_layout.py ;;
       seeds) for seed in 0 2 1; do learn_check "learn-async-24-$seed" learn-check-async seed=$seed; done ;;
       async) learn_check learn-async stage.asynchronous=true ;;
@@ -118,10 +136,12 @@ start)
   # synthtest, synth, nosampler, recheck, hostcost, noseccomp, idle (idle and hostcost again on 2026-11-28)
   [ $# -gt 0 ] || set -- harness fidelity
   mkdir -p "$WAVE"
+  rm -f "$WAVE/status"  # a queue started again on a warm machine: wait reads this one's end
   # the next call's working tree drops ignored folders it does not carry: the queue outlives this one
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
   [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
-  export -f step learn_check fidelity queue run_size run_sets; export WAVE KB PAPER
+  [ -d "$BEFORE" ] && rm -rf /tmp/wave-before && cp -r "$BEFORE" /tmp/wave-before && BEFORE=/tmp/wave-before
+  export -f step learn_check fidelity queue run_size run_sets run_before; export WAVE KB PAPER BEFORE FIDELITY_KERNELS
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;

@@ -7,13 +7,16 @@ OS sandbox (env_pool/isolation/sandbox.py) enforces no network and no writes out
 these catch what the OS cannot see (torch compute ops, monkeypatching, imports of the
 reference) and name every violation. They are armed after the server's own trusted work
 (env_pool/candidate/serve.py), before the candidate's code loads. Known to be evadable (see the `hard`
-cases of tests/env_corpus/): their state is reachable, and torch under a disabled dispatch
-mode, numpy or a library called from native code never reach the detector.
+cases of tests/env_corpus/): their state is reachable, the torch profiler that the fallback
+detector reads can be stopped and started again (a secret marker tells only a careless restart),
+and numpy, a library called from native code, or an ATen kernel called directly (at::native::)
+never reach the detector.
 """
 from __future__ import annotations
 
 import importlib.abc
 import os
+import secrets
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._C._autograd import _disable_profiler_legacy, _enable_profiler_legacy  # bound before any candidate code runs
+from torch.autograd import profiler_legacy
 
 from protocol.results import Violation
 
@@ -180,22 +184,77 @@ def forget_environment_modules() -> None:
             sys.modules.pop(name, None)
 
 
-class FallbackDetector(TorchDispatchMode):
-    """Records every aten op that reaches the dispatcher while ModelNew.forward runs.
+_COMPOSITES: frozenset[str] = frozenset()  # "ns::op" whose every overload only calls other ops (prepare_detector)
+_RECORDING: list = []  # the profiler's settings, made once (prepare_detector)
 
-    This sees ops called from Python and from C++ extensions alike (both go through the
-    dispatcher), which a static scan of the source cannot.
+
+def prepare_detector() -> None:
+    """The fallback detector's first use, in trusted code before any candidate's (the server's
+    warm-up): the table of composite ops (~20 ms) and the profiler's settings."""
+    global _COMPOSITES
+    if _RECORDING:
+        return
+    kinds: dict[str, list[bool]] = {}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        try:
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd")
+        except RuntimeError:
+            continue
+        kinds.setdefault(qualified.split(".")[0], []).append(composite)
+    _COMPOSITES = frozenset(name for name, each in kinds.items() if all(each))
+    _RECORDING.append(profiler_legacy.profile().config())  # CPU only: no CUPTI, no Kineto
+
+
+class FallbackDetector:
+    """Records every op torch's dispatcher calls on this thread while it is held, and flags, when let
+    go, each one that computes (guard ``torch_fallback``).
+
+    The record is torch's CPU profiler's (the legacy one: RecordFunction callbacks in C++ on the
+    dispatcher's path, ~3 us an op on the 2-core machine). Kineto's profiler loads CUPTI into the
+    process on a GPU, whose callbacks then ran in the candidate's rounds (library samples: four
+    legitimate kernels failed as library fallbacks on an H200). A Python dispatch mode (this
+    detector until stop 56) ran Python for every op, ~7 us an op, and saw only ops that reached
+    the dispatcher's Python key: torch under ``torch._C._DisableTorchDispatch`` went unseen (corpus
+    torch_under_disabled_dispatch_cuda).
+
+    Every op recorded is judged, nested ones too (a scope of any name can be opened around torch's
+    ops, so an op's callers vouch for nothing): it computes unless it is in ALLOWED_OPS or a
+    composite (CompositeImplicitAutograd in every overload: linear, matmul; its callees are
+    judged in turn). A session stopped under the detector, or replaced by one without the secret
+    marker it opened with, is tampering (guard ``tamper``).
     """
 
     def __init__(self, state: GuardState):
-        super().__init__()
         self.state = state
+        self._marker = ""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in ALLOWED_OPS:
-            self.state.flag("torch_fallback", f"ModelNew.forward called torch op aten.{name}: the computation must be the candidate's kernel")
-        return func(*args, **(kwargs or {}))
+    def __enter__(self) -> FallbackDetector:
+        prepare_detector()
+        self._marker = f"watch-{secrets.token_hex(8)}"
+        _enable_profiler_legacy(_RECORDING[0])
+        with torch._C._profiler._RecordFunctionFast(self._marker):
+            pass
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            records = _disable_profiler_legacy()
+        except RuntimeError:
+            self.state.flag("tamper", "the torch profiler that records ModelNew.forward's torch ops was stopped")
+            return False
+        names = [e.name() for thread in records for e in thread if e.kind() == "push"]
+        if self._marker not in names:
+            self.state.flag("tamper", "the torch profiler that records ModelNew.forward's torch ops was replaced")
+        for name in sorted(torch_fallbacks(names)):
+            self.state.flag("torch_fallback", f"ModelNew.forward called torch op {name.replace('::', '.')}: "
+                                              "the computation must be the candidate's kernel")
+        return False
+
+
+def torch_fallbacks(names: list[str]) -> set[str]:
+    """The ops among a profiler record's scope names that compute (FallbackDetector says which)."""
+    return {name for name in names if "::" in name and name not in _COMPOSITES
+            and name.split("::", 1)[1] not in ALLOWED_OPS}
 
 
 def live_threads() -> set[int]:

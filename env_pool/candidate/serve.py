@@ -43,7 +43,6 @@ from typing import Any, Callable
 
 import msgpack
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from env_pool.build import paper_layout
 
@@ -271,31 +270,13 @@ def _serve_rounds(ctrl: Control, last: int, model: Callable, args: list[list], l
             words[DONE] = -go
 
 
-@contextlib.contextmanager
-def _watched(state: guards.GuardState | None):
-    """A phase's rounds under the torch-op fallback detector (with a guard state), pushed once before
-    the first and popped after the last.
-
-    Pushed around each round instead, the detector's entry and exit were on the candidate's clock:
-    on an H100, a forward of legit/gelu_cuda after 20 ms idle took 0.436 ms under a detector
-    pushed for it, 0.381 under one held across calls and 0.302 without (scripts/forward_host_cost.py,
-    issue 34). Held for the phase it watches every round as before; a candidate that takes it off
-    the dispatch-mode stack (as it could dodge it in any round by disabling dispatch) is flagged
-    when the phase ends.
+def _watched(state: guards.GuardState | None) -> contextlib.AbstractContextManager:
+    """A phase's rounds under the torch-op fallback detector (with a guard state), begun before the
+    first and let go after the last: begun around each round instead, its start and end were on the
+    candidate's clock (on an H100 the Python dispatch mode it then was cost a cold forward of
+    legit/gelu_cuda 0.13 ms pushed around it, 0.08 held; scripts/forward_host_cost.py, issue 34).
     """
-    if state is None:
-        yield
-        return
-    detector = guards.FallbackDetector(state)
-    detector.__enter__()
-    try:
-        yield
-    finally:
-        stack = _get_current_dispatch_mode_stack()
-        if len(stack) == 1 and stack[0] is detector:  # by identity: a mode of the candidate's can say it is equal
-            detector.__exit__(None, None, None)
-        else:
-            state.flag("tamper", "the dispatch-mode stack was changed under the torch-op fallback detector")
+    return guards.FallbackDetector(state) if state is not None else contextlib.nullcontext()
 
 
 def _place(produced: Any, layout: Layout, arena: Arena | None) -> list[torch.Tensor]:
@@ -445,16 +426,15 @@ def _finish(report: dict) -> dict:
 def warm_up(device: str) -> None:
     """What a server does before it has a payload (trusted code only; it may wait warm for long).
 
-    The CUDA context, load_inline's module, and the first use of a dispatch mode (the fallback
-    detector's: it imports some 900 modules, 2.5 s): paid here, off the timing lane.
+    The CUDA context, load_inline's module, and the fallback detector's first use (its table of
+    composite ops, the profiler's start): paid here, off the timing lane.
     """
     from torch.utils import cpp_extension  # noqa: F401  (use_prebuilt_extensions patches it)
 
     if device == "cuda":
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
-    with torch.no_grad(), guards.FallbackDetector(guards.GuardState(Path.cwd(), ())):
-        torch.ones(2).add(1)
+    guards.prepare_detector()
 
 
 def receive_fds() -> list[int]:

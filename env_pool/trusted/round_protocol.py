@@ -592,7 +592,7 @@ class Session:
         self.runs[self.phases[index]] = run
         log(f"  {self.phases[index]}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
             f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
-            f"DONE to frozen {_ms(run.settle_ns)} (medians, ms)")
+            f"DONE to frozen {_ms(run.settle_ns)} (medians, ms); its threads {thread_census(self.server)}")
         if self.sampler is not None and self.identity is not None:
             self.sampler.record_mappings(False)
         self.control.words[GO] = next_phase(index) if index + 1 < len(self.phases) else STOP
@@ -737,6 +737,17 @@ def _split(split_ns: list[tuple[int, ...]]) -> str:
 def _iqr(values: list[float]) -> float:
     q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     return q3 - q1
+
+
+def thread_census(server: Server) -> str:
+    """The server program's threads by name, for the log: each is thawed with it every round, and a
+    runnable one competes for its CPUs (Kineto's profiler, tried as the fallback detector, added three)."""
+    try:
+        tasks = Path(f"/proc/{server.start.program_pid()}/task")
+        names = sorted((t / "comm").read_text().strip() for t in tasks.iterdir())
+    except (OSError, TypeError, ValueError):
+        return "unread"
+    return f"{len(names)}: " + ", ".join(f"{n} x{names.count(n)}" for n in dict.fromkeys(names))
 
 
 def net_timing(samples_ns: list[int], null_staging_ns: list[int], calls: int = 1) -> Timing:

@@ -28,6 +28,7 @@ extern "C" int arm(int count, int spread_us) {
         sigemptyset(&blocked);
         sigaddset(&blocked, SIGRTMIN);
         pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
+        signal(SIGRTMIN, SIG_IGN);  // the other threads of the process block nothing: one of them would take the signal and die
         for (int i = 0; i < count; ++i) {
             sigevent ev{};
             ev.sigev_notify = SIGEV_SIGNAL;

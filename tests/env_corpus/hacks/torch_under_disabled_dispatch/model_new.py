@@ -4,8 +4,8 @@ A TorchDispatchMode only sees ops that reach the dispatcher's Python key. Inside
 ``torch._C._DisableTorchDispatch()`` that key is excluded, so torch.softmax runs its CPU kernel
 and the mode sees nothing (``torch.utils._python_dispatch._disable_current_modes()`` or an
 ``_ExcludeDispatchKeyGuard`` on DispatchKey.Python do the same). The guards stay armed and
-untouched: no patching, no introspection. On cpp nothing outside the process sees which code
-computed the output: a known gap (hard)."""
+untouched: no patching, no introspection. Caught on cpp by the harness's code sampler, and
+since the fallback detector reads torch's profiler (stop 56) by the detector, on either backend."""
 import torch
 import torch.nn as nn
 
