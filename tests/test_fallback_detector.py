@@ -29,6 +29,7 @@ def legit_forward() -> None:
     torch.zeros(3).clone()
     out.copy_(X)
     X[0, 0].item()
+    torch.tensor([2.0])  # lift_fresh, and inside it detach_
 
 
 def test_allocations_views_and_copies_are_not_flagged():
@@ -69,6 +70,11 @@ def test_a_scope_named_for_an_allowed_op_vouches_for_nothing_inside_it(scope):
 
 def test_a_composite_is_not_flagged_itself_but_what_it_calls_is():
     assert guards.torch_fallbacks(["aten::matmul", "aten::mm", "aten::to", "aten::_to_copy", "aten::copy_"]) == {"aten::mm"}
+
+
+def test_only_atens_ops_are_allowed_by_name():
+    """An op of a library the candidate registers can take an allowed name (red team, stop 56)."""
+    assert guards.torch_fallbacks(["mine::copy_", "aten::copy_"]) == {"mine::copy_"}
 
 
 def test_a_stopped_profiler_is_tampering():

@@ -9,8 +9,9 @@ reference) and name every violation. They are armed after the server's own trust
 (env_pool/candidate/serve.py), before the candidate's code loads. Known to be evadable (see the `hard`
 cases of tests/env_corpus/): their state is reachable, the torch profiler that the fallback
 detector reads can be stopped and started again (a secret marker tells only a careless restart),
-and numpy, a library called from native code, or an ATen kernel called directly (at::native::)
-never reach the detector.
+native code can switch its RecordFunction off or redispatch past it (the Python switches are
+tripped), and numpy, a library called from native code, or an ATen kernel called directly
+(at::native::) never reach the detector.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ ALLOWED_OPS = frozenset(
     """
     empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ fill_
     view _unsafe_view reshape as_strided t transpose permute expand unsqueeze squeeze select slice
-    unbind split chunk narrow detach alias contiguous clone copy_ _to_copy lift_fresh
+    unbind split chunk narrow detach detach_ alias contiguous clone copy_ _to_copy lift_fresh
     _local_scalar_dense is_same_size resize_ set_ sym_size sym_stride sym_numel
     """.split()
 )
@@ -169,6 +170,7 @@ def install(scratch: Path) -> GuardState:
                        path_dirs=frozenset(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)))
     sys.meta_path.insert(0, _ImportBlocker(state))
     sys.addaudithook(_audit_hook(state))
+    trip_switches(state)
     return state
 
 
@@ -252,9 +254,47 @@ class FallbackDetector:
 
 
 def torch_fallbacks(names: list[str]) -> set[str]:
-    """The ops among a profiler record's scope names that compute (FallbackDetector says which)."""
+    """The ops among a profiler record's scope names that compute (FallbackDetector says which);
+    only aten's are allowed by name (an op of the candidate's own library can be named ``copy_``)."""
     return {name for name in names if "::" in name and name not in _COMPOSITES
-            and name.split("::", 1)[1] not in ALLOWED_OPS}
+            and not (name.startswith("aten::") and name[len("aten::"):] in ALLOWED_OPS)}
+
+
+# What would take the candidate's ops out of the detector's record without stopping its session
+# (a red-team review of stop 56): RecordFunction off for the thread, every callback removed, the
+# profiler's own switches, and the dispatcher's redispatch, which runs a kernel with no
+# RecordFunction. Tripped (trip_switches) before any candidate code runs; from native code they stay
+# in reach (at::enableRecordFunction, at::redispatch::), as at::native:: kernels are.
+SWITCHES = (
+    (torch._C._autograd, "_enable_record_function"),
+    (torch._C._autograd, "_clear_callbacks"),
+    (torch._C._autograd, "_enable_profiler_legacy"),
+    (torch._C._autograd, "_disable_profiler_legacy"),
+    (torch._C._DispatchOperatorHandle, "redispatch_boxed"),
+    (torch._ops.OpOverload, "redispatch"),
+)
+
+
+def trip_switches(state: GuardState) -> None:
+    """Each of SWITCHES replaced, where it is defined and wherever a module holds it by name, by one
+    that flags the candidate (guard ``tamper``) and refuses."""
+    originals = [getattr(owner, name) for owner, name in SWITCHES]
+
+    def tripwire(name: str):
+        def refused(*_: Any, **__: Any) -> None:
+            state.flag("tamper", f"called {name}, which would hide torch ops from the fallback detector")
+            raise PermissionError(f"{name} is not available to candidates")
+        return refused
+
+    for owner, name in SWITCHES:
+        setattr(owner, name, tripwire(name))
+    for module in list(sys.modules.values()):
+        try:
+            held = [(attr, value) for attr, value in vars(module).items() if any(value is o for o in originals)]
+        except TypeError:  # a module object without a __dict__
+            continue
+        for attr, _ in held:
+            setattr(module, attr, tripwire(attr))
 
 
 def live_threads() -> set[int]:
