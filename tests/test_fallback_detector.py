@@ -2,6 +2,9 @@
 read from torch's profiler, and a profiler session stopped or replaced under it."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,38 @@ def test_a_replaced_profiler_session_is_tampering():
 def test_the_detector_leaves_no_profiler_running():
     flags(lambda: F.gelu(X))
     assert not torch._C._autograd._profiler_enabled()
+
+
+TRIPPED = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import torch
+    from env_pool.candidate import guards
+
+    guards.prepare_detector()
+    state = guards.install(Path(sys.argv[1]))  # trips the switches, as a candidate's server does
+    x = torch.randn(8)
+
+    def watched(forward):
+        state.violations.clear()
+        with guards.FallbackDetector(state):
+            try:
+                forward()
+            except PermissionError:
+                pass
+        return sorted({v.guard for v in state.violations})
+
+    print(watched(lambda: torch.empty_like(x).copy_(x)))
+    print(watched(lambda: torch.relu(x)))
+    print(watched(lambda: torch.autograd._enable_record_function(False)))
+    print(watched(lambda: torch._C._autograd._clear_callbacks()))
+    print(watched(lambda: torch.ops.aten.relu.default.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), x)))
+""")
+
+
+def test_the_switches_are_tripped_and_the_detector_keeps_its_own(tmp_path):
+    """In a process of its own: the tripped switches cannot be put back in this one."""
+    run = subprocess.run([sys.executable, "-c", TRIPPED, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:5] == ["[]", "['torch_fallback']", "['tamper']", "['tamper']", "['tamper']"]

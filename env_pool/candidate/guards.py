@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._C._autograd import _disable_profiler_legacy, _enable_profiler_legacy  # bound before any candidate code runs
 from torch.autograd import profiler_legacy
 
 from protocol.results import Violation
@@ -186,6 +185,9 @@ def forget_environment_modules() -> None:
             sys.modules.pop(name, None)
 
 
+# The profiler's switches, bound before any candidate code runs, held in a tuple: trip_switches
+# replaces every module attribute that is one of them, and the detector must keep the real ones.
+_PROFILER = (torch._C._autograd._enable_profiler_legacy, torch._C._autograd._disable_profiler_legacy)
 _COMPOSITES: frozenset[str] = frozenset()  # "ns::op" whose every overload only calls other ops (prepare_detector)
 _RECORDING: list = []  # the profiler's settings, made once (prepare_detector)
 
@@ -233,14 +235,14 @@ class FallbackDetector:
     def __enter__(self) -> FallbackDetector:
         prepare_detector()
         self._marker = f"watch-{secrets.token_hex(8)}"
-        _enable_profiler_legacy(_RECORDING[0])
+        _PROFILER[0](_RECORDING[0])
         with torch._C._profiler._RecordFunctionFast(self._marker):
             pass
         return self
 
     def __exit__(self, *exc: Any) -> bool:
         try:
-            records = _disable_profiler_legacy()
+            records = _PROFILER[1]()
         except RuntimeError:
             self.state.flag("tamper", "the torch profiler that records ModelNew.forward's torch ops was stopped")
             return False
