@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.abc
 import os
+import re
 import secrets
 import sys
 import threading
@@ -55,6 +56,10 @@ WATCHED = {
 # Ways to reach the runner's locals (timings, reference weights) from inside ModelNew. sys._getframe
 # is not among them: namedtuple, enum and logging call it on ordinary paths.
 INTROSPECTION_EVENTS = ("sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents")
+
+# C++ symbols (mangled) that switch the fallback detector's record off or run a kernel past it, looked
+# up through ctypes: RecordFunction's switches and callbacks, the profiler's, at::redispatch::, at::native::.
+HIDING_SYMBOL = re.compile(r"RecordFunction|Callbacks?E|Profiler|2at10redispatch|2at6native")
 
 PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty", "pty.spawn", "os.spawn")
 
@@ -119,6 +124,9 @@ def _audit_hook(state: GuardState):
             # Flagged, not refused: refusing would break library code that looks at frames legitimately.
             state.flag("tamper", f"inspected the environment's frames or objects ({event})")
             return
+        if event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str) and HIDING_SYMBOL.search(args[1]):
+            state.flag("tamper", f"looked up {args[1]} through ctypes: it would hide torch ops from the fallback detector")
+            raise PermissionError("candidates may not reach torch's op recording")
         if event.startswith("socket.") and event not in ("socket.gethostname",):
             state.flag("network", f"tried to use the network ({event})")
             raise PermissionError("candidates have no network")
