@@ -11,13 +11,11 @@ cost, and how much an idle CPU's cold start. A benchmark: it measures and assert
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,10 +35,10 @@ CALLS, SKIPPED = 60, 5  # calls per condition; the first few are left out of the
 GAPS_S = (0.0, 0.02)  # back to back, and idle for about as long as a round's staging and freeze
 
 
-def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, around: Callable, gap_s: float) -> dict:
+def host_and_total_ms(model: torch.nn.Module, x: torch.Tensor, arena: Arena, gap_s: float) -> dict:
     """One forward's host time (its return) and its total (device synced), in ms, each after ``gap_s`` asleep."""
     def forward() -> torch.Tensor:
-        with torch.no_grad(), around(), arena.allocating():
+        with torch.no_grad(), arena.allocating():
             return model(x)
 
     return launch_times(forward, idle(gap_s, busy=False), CALLS, SKIPPED)
@@ -70,21 +68,21 @@ def main() -> None:
     plain = guards.GuardState(Path.cwd(), ())
     rows = {}
 
-    def measure(name: str, model: torch.nn.Module, around: Callable, gap_s: float) -> None:
-        rows[name] = host_and_total_ms(model, x, arena, around, gap_s)
+    def measure(name: str, model: torch.nn.Module, gap_s: float) -> None:
+        rows[name] = host_and_total_ms(model, x, arena, gap_s)
         print(name, rows[name], flush=True)
 
     for gap in GAPS_S:
         for name, model in models.items():
-            measure(f"{name} plain gap{gap}", model, contextlib.nullcontext, gap)
+            measure(f"{name} plain gap{gap}", model, gap)
             for kind, detector in (("profiler", guards.FallbackDetector), ("dispatch-mode", DispatchModeDetector)):
                 with detector(plain):  # begun once for all the calls, as a server holds it for a phase
-                    measure(f"{name} {kind}-held gap{gap}", model, contextlib.nullcontext, gap)
+                    measure(f"{name} {kind}-held gap{gap}", model, gap)
     armed = guards.install(work / "scratch")  # the audit hook and import blocker, as a candidate's server arms them
     armed.armed = True
     for gap in GAPS_S:
         with guards.FallbackDetector(armed):
-            measure(f"candidate profiler-held+armed gap{gap}", models["candidate"], contextlib.nullcontext, gap)
+            measure(f"candidate profiler-held+armed gap{gap}", models["candidate"], gap)
     armed.armed = False
     (Path(os.environ.get("OUT", work)) / "diag.json").write_text(json.dumps(rows, indent=1))
 

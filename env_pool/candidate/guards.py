@@ -15,6 +15,7 @@ tripped), and numpy, a library called from native code, or an ATen kernel called
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import os
 import re
@@ -196,16 +197,13 @@ def forget_environment_modules() -> None:
 # The profiler's switches, bound before any candidate code runs, held in a tuple: trip_switches
 # replaces every module attribute that is one of them, and the detector must keep the real ones.
 _PROFILER = (torch._C._autograd._enable_profiler_legacy, torch._C._autograd._disable_profiler_legacy)
-_COMPOSITES: frozenset[str] = frozenset()  # "ns::op" whose every overload only calls other ops (prepare_detector)
-_RECORDING: list = []  # the profiler's settings, made once (prepare_detector)
 
 
-def prepare_detector() -> None:
-    """The fallback detector's first use, in trusted code before any candidate's (the server's
-    warm-up): the table of composite ops (~20 ms) and the profiler's settings."""
-    global _COMPOSITES
-    if _RECORDING:
-        return
+@functools.cache
+def prepare_detector() -> tuple[frozenset[str], Any]:
+    """The fallback detector's tables, made on its first use, in trusted code before any candidate's
+    (the server's warm-up): the composite ops, "ns::op" whose every overload only calls other ops
+    (~20 ms), and the profiler's settings."""
     kinds: dict[str, list[bool]] = {}
     for qualified in torch._C._dispatch_get_all_op_names():
         try:
@@ -213,8 +211,8 @@ def prepare_detector() -> None:
         except RuntimeError:
             continue
         kinds.setdefault(qualified.split(".")[0], []).append(composite)
-    _COMPOSITES = frozenset(name for name, each in kinds.items() if all(each))
-    _RECORDING.append(profiler_legacy.profile().config())  # CPU only: no CUPTI, no Kineto
+    composites = frozenset(name for name, each in kinds.items() if all(each))
+    return composites, profiler_legacy.profile().config()  # CPU only: no CUPTI, no Kineto
 
 
 class FallbackDetector:
@@ -241,9 +239,8 @@ class FallbackDetector:
         self._marker = ""
 
     def __enter__(self) -> FallbackDetector:
-        prepare_detector()
         self._marker = f"watch-{secrets.token_hex(8)}"
-        _PROFILER[0](_RECORDING[0])
+        _PROFILER[0](prepare_detector()[1])
         with torch._C._profiler._RecordFunctionFast(self._marker):
             pass
         return self
@@ -266,7 +263,8 @@ class FallbackDetector:
 def torch_fallbacks(names: list[str]) -> set[str]:
     """The ops among a profiler record's scope names that compute (FallbackDetector says which);
     only aten's are allowed by name (an op of the candidate's own library can be named ``copy_``)."""
-    return {name for name in names if "::" in name and name not in _COMPOSITES
+    composites = prepare_detector()[0]
+    return {name for name in names if "::" in name and name not in composites
             and not (name.startswith("aten::") and name[len("aten::"):] in ALLOWED_OPS)}
 
 
