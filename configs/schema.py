@@ -202,6 +202,7 @@ class EnvConfig:
     threads: int = 1  # env_pool/evaluate.py: CPU threads of the reference and the candidate (torch and OpenMP), the same for both
     work_dir: str = "~/.cache/cuda-agent/env"  # env_pool/evaluate.py: compile cache, scratch folders, and the verifier's private data, and harness.log (each request and its verdict)
     code_sampling: bool = True  # env_pool/evaluate.py: the harness samples the candidate's CPUs during its rounds and rejects library or torch code doing the work (env_pool/trusted/code_sampler.py); needs perf_event_open (root or CAP_PERFMON): without it evaluations are infra; False only for comparisons
+    keep_cpus_awake: bool = True  # env_pool/trusted/harness.py: a lowest-priority spinner on each server CPU through a request, so that a server frozen between rounds wakes to a CPU that did not sleep deeply: on an H200 a cold round's forward paid 0.07-0.09 ms for each host step a back-to-back loop pays microseconds for (env_pool/trusted/awake_cpus.py); False to compare
     seccomp: bool = True  # env_pool/evaluate.py: kill a candidate whose native code execs or forks (SIGSYS, reported as a subprocess violation); False only to compare where the filter breaks something
     ncu_timeout_s: float = 180.0  # env_pool/ncu.py: wall-clock limit of one Nsight Compute profile (the agent's optional kernel summary)
     ncu_max_kernels: int = 20  # env_pool/ncu.py: kernel launches of one forward call that ncu profiles and summarises

@@ -567,6 +567,7 @@ def harness_request(cfg, task: Task, backend: str, mode: str, baseline: bool, sc
         baseline_servers=int(cfg.baseline_servers),
         correctness_inputs=int(cfg.correctness_inputs),
         adversarial_inputs=bool(cfg.adversarial_inputs), compile_mode=str(cfg.compile_mode), seccomp=bool(cfg.seccomp),
+        keep_cpus_awake=bool(cfg.keep_cpus_awake),
         code_sampling=bool(cfg.code_sampling), memory_limit_mb=int(cfg.memory_limit_mb),
         baseline_memory_limit_mb=int(cfg.baseline_memory_limit_mb), warm_servers=int(cfg.warm_servers),
         warm_baseline_servers=int(cfg.warm_baseline_servers), run_timeout_s=float(cfg.run_timeout_s),

@@ -37,6 +37,9 @@
 #             ignored .paper/ (tests/test_paper_layout.py; issue 34)
 #   before    fidelity as above, run by an earlier tree of this project in the ignored .before/
 #             (`git archive REV | tar x -C .before`), for a side-by-side comparison in one lease
+#   stamps    level1/01_gelu's kernels stamping their own forward's steps in the rounds (scripts/forward_stamps.py;
+#             issue 34: where the candidate's extra host time goes; STAMPS_ARGS, e.g. "--repeats 3 --variants ctypes torch")
+#   stampsbefore  the same, run by the tree in .before/ (as `before`)
 #   detector  the cuda corpus cases of the fallback detector and most legitimate cuda kernels (~4 min
 #             on an H200; the whole cuda corpus, `corpus`, ~8 min)
 # FIDELITY_KERNELS (default: gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda) picks the
@@ -49,6 +52,7 @@ KB="${KB:-$PWD/.kb/kernelbench}"
 PAPER="${PAPER:-$PWD/.paper}"
 BEFORE="${BEFORE:-$PWD/.before}"
 FIDELITY_KERNELS="${FIDELITY_KERNELS:-gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda}"
+STAMPS_ARGS="${STAMPS_ARGS:-}"
 OUT="${OUT:-$PWD/gpu-figures}"
 # vLLM's start: eager mode and torch's sampler skip ~170 s of compilation (../shared/gpu-stack/README.md).
 # float32, learn-check's own. In bf16 (the H100 run of 2026-11-27, reward -0.33 -> -0.08 in 12 steps)
@@ -87,9 +91,9 @@ fidelity() {  # NAME [KEY=VALUE ...]: five evaluations of each FIDELITY_KERNELS 
     --kernels $FIDELITY_KERNELS ${1:+--env "$@"}
 }
 
-run_before() {  # the fidelity step as the tree in $BEFORE runs it (its own modules in its servers too)
-  (cd "$BEFORE" && PYTHONPATH="$BEFORE${MODEL_SITE:+:$MODEL_SITE}" timeout 600 python3 scripts/bench_integrity.py \
-     --out "$WAVE/before" --skip-corpus --repeats 5 --kernels $FIDELITY_KERNELS)
+run_before() {  # [COMMAND ...]: the fidelity step (or COMMAND) as the tree in $BEFORE runs it (its own modules in its servers too)
+  [ $# -gt 0 ] || set -- python3 scripts/bench_integrity.py --out "$WAVE/before" --skip-corpus --repeats 5 --kernels $FIDELITY_KERNELS
+  (cd "$BEFORE" && PYTHONPATH="$BEFORE${MODEL_SITE:+:$MODEL_SITE}" timeout 600 "$@")
 }
 
 queue() {
@@ -107,6 +111,8 @@ queue() {
       idle) step idle 120 env OUT="$WAVE" python3 scripts/launch_after_idle.py ;;
       sets) step sets 900 run_sets ;;
       before) step before 600 run_before ;;
+      stamps) step stamps 600 python3 scripts/forward_stamps.py --out "$WAVE/stamps" ${STAMPS_ARGS:-} ;;
+      stampsbefore) step stampsbefore 600 run_before python3 scripts/forward_stamps.py --out "$WAVE/stampsbefore" ${STAMPS_ARGS:-} ;;
       detector) step detector 600 python3 scripts/bench_integrity.py --out "$WAVE/detector" --skip-fidelity --cases \
                   torch_under_disabled_dispatch_cuda torch_fallback_load_inline_at_matmul_cuda ghost_kernel_cuda \
                   gelu_cuda gelu_load_inline_cuda relu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda swish_paper_layout_cuda \
@@ -141,7 +147,7 @@ start)
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
   [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
   [ -d "$BEFORE" ] && rm -rf /tmp/wave-before && cp -r "$BEFORE" /tmp/wave-before && BEFORE=/tmp/wave-before
-  export -f step learn_check fidelity queue run_size run_sets run_before; export WAVE KB PAPER BEFORE FIDELITY_KERNELS
+  export -f step learn_check fidelity queue run_size run_sets run_before; export WAVE KB PAPER BEFORE FIDELITY_KERNELS STAMPS_ARGS
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;

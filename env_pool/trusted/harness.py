@@ -48,6 +48,7 @@ import torch
 
 from env_pool.isolation.sandbox import SandboxError
 from env_pool.shared.inputs import ADVERSARIAL, adversarial
+from env_pool.trusted.awake_cpus import awake
 from env_pool.trusted.code_sampler import judge
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.turns import BASELINES, BaselinesFailed, merged_rounds, serve_candidate
@@ -353,7 +354,7 @@ def out_of_memory(message: str) -> bool:
 
 def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> dict:
     try:
-        with on_cpus(request.harness_cpus):
+        with on_cpus(request.harness_cpus), awake(request.cpus if request.keep_cpus_awake else ()):
             return evaluate_rounds(cache.get(request), pools, request)
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
