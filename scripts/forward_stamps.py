@@ -8,11 +8,12 @@ harness (scripts/forward_host_cost.py) the two forwards cost about the same. Thi
 level1/01_gelu's kernels as diagnostics: each ModelNew reads the server's wake stamp (the round
 memory's STAMPS word, found by walking up its own frames, as any candidate could) and takes its
 own stamps after each step of its forward. At its CALLS-th call it raises, with the steps' medians
-over the calls before it in its message, which comes back as the evaluation's (a crash). The
+over the calls before it in its message: the evaluation's (a crash), and harness.log's line for it,
+where a guard's verdict outranks the crash (the torch variant's). The
 variants: the corpus's ctypes kernel (kernel.so, nvcc's static runtime), the same kernel through
 load_inline (torch's runtime), and torch's own F.gelu in the candidate's server (a torch fallback:
 the same path as the eager baseline's, under the candidate's guards). A benchmark: it asserts
-nothing, and a diagnostic: these "kernels" only ever crash.
+nothing, and a diagnostic: these "kernels" only ever crash. Figures (H200, 2026-11-28): README.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def _stamp(marks):
         steps[f"s{k - 1}"] = [r[k] - r[k - 1] for r in rows]
     text = " ".join(f"{k}={_st.median(v) / 1e3:.1f}/{sorted(v)[int(0.9 * len(v))] / 1e3:.1f}" for k, v in steps.items() if v)
     text = f"STAMPS us median/p90 over {len(rows)} calls: {text}"
-    print(text, file=_sys.stderr, flush=True)  # the run log keeps it where a guard's verdict outranks the crash
+    print(text, file=_sys.stderr, flush=True)  # the run log of a crash keeps it
     raise RuntimeError(text)
 '''
 

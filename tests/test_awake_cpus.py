@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from env_pool.trusted.awake_cpus import awake
+from env_pool.trusted.awake_cpus import SPIN, awake
 from tests.harness_requests import request_for
 
 SETTLE_S = 5.0  # a spinner's interpreter start-up, on a loaded 2-core machine
@@ -25,7 +25,7 @@ def spinners_of(parent: int) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == parent and b"SCHED_IDLE" in command:
+        if ppid == parent and SPIN.encode() in command:
             found.append(int(entry.name))
     return found
 
@@ -63,15 +63,22 @@ def test_each_cpu_gets_a_pinned_lowest_priority_spinner_killed_and_reaped_after(
         assert none == []
 
 
+def test_a_spinner_that_cannot_be_pinned_is_killed_at_once():
+    """Unpinned, it would spin on whichever CPU it liked, a server's among them."""
+    with awake([4096]) as spinners:  # no such CPU: sched_setaffinity refuses it
+        assert spinners[0].wait(timeout=SETTLE_S) == -signal.SIGKILL
+
+
 def test_a_spinner_dies_with_the_harness_that_started_it():
     """A harness killed outright (no finally runs) takes its spinners with it: nothing outlives the command."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
     code = ("import sys, time; from env_pool.trusted.awake_cpus import awake\n"
-            "with awake([0]) as s:\n    print(s[0].pid, flush=True); time.sleep(60)\n")
+            f"with awake([{cpu}]) as s:\n    print(s[0].pid, flush=True); time.sleep(60)\n")
     harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                cwd=Path(__file__).resolve().parent.parent)
     try:
         spinner = int(harness.stdout.readline())
-        assert settled(spinner, 0)
+        assert settled(spinner, cpu)
         harness.kill()
         harness.wait()
         assert gone(spinner), "the spinner outlived the harness"
@@ -94,8 +101,8 @@ def test_the_harness_keeps_the_requests_server_cpus_awake_only_while_it_serves_a
 
     monkeypatch.setattr(harness, "evaluate_rounds", evaluate_rounds)
     cache = harness.TaskCache()
-    assert harness.handle(request_for(task, cpus=(cpu,)).to_wire(), cache, None) == {"ok": True}
+    assert harness.handle(request_for(task, cpus=(cpu,), keep_cpus_awake=True).to_wire(), cache, None) == {"ok": True}
     assert seen == [[True]], "one spinner, on the request's server CPU, while its rounds run"
     assert spinners_of(os.getpid()) == [], "gone once the request is answered"
-    harness.handle(request_for(task, cpus=(cpu,), keep_cpus_awake=False).to_wire(), cache, None)
-    assert seen[-1] == [], "env.keep_cpus_awake=false: none"
+    harness.handle(request_for(task, cpus=(cpu,)).to_wire(), cache, None)
+    assert seen[-1] == [], "env.keep_cpus_awake=false, the default: none"

@@ -42,15 +42,38 @@ def test_only_the_shortage_asked_about_is_told():
     assert host_pressure.explain(busy, cpu=False) == "", "an out-of-memory failure is not explained by busy CPUs"
 
 
+def spinner(cpu: int, idle: bool = False) -> subprocess.Popen:
+    """A process spinning on ``cpu``, at SCHED_IDLE if ``idle``; started, pinned and spinning when returned."""
+    policy = "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" if idle else ""
+    proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\n{policy}while True: pass"])
+    time.sleep(1.0)
+    return proc
+
+
 @pytest.fixture
 def hog():
     """A process spinning on this process's last CPU."""
     cpu = max(os.sched_getaffinity(0))
-    proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
-    time.sleep(1.0)  # started, pinned and spinning
+    proc = spinner(cpu)
     yield proc, cpu
     proc.kill()
     proc.wait()
+
+
+def test_an_idle_priority_spinner_on_the_watched_cpu_holds_it_from_nobody():
+    """The harness's own spinners (env_pool/trusted/awake_cpus.py) run while a hung candidate's verdict
+    is read: counted, its timeout was the machine's fault (infra: retried, then dropped, never failed)."""
+    cpu = max(os.sched_getaffinity(0))
+    proc = spinner(cpu, idle=True)
+    try:
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
+        found = host_pressure.snapshot([cpu])
+        assert not found.cpus_held and proc.pid not in [p.pid for p in found.busiest], found
+        verdict = {"ok": False, "failure": "timeout", "message": "the candidate exceeded its time limit"}
+        assert machine_at_fault(verdict, [cpu]) == verdict
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_process_spinning_on_the_watched_cpu_is_found(hog):

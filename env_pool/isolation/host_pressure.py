@@ -15,7 +15,10 @@ the environment's own work, are not: they take the same memory). Two readings, b
   on memory (pressure stall information, "some avg10") for MEMORY_STALL_PCT of the last 10 s;
 - CPUs: held when the threads of other processes used at least CPUS_HELD_FRACTION of the
   watched CPUs (the failed run's own) over a short sampling window. A thread counts on the CPU
-  it last ran on, so other workers' servers, pinned elsewhere, do not count.
+  it last ran on, so other workers' servers, pinned elsewhere, do not count; nor does a thread at
+  SCHED_IDLE, which runs only on a CPU nobody else wants (the harness's own spinners,
+  env_pool/trusted/awake_cpus.py: the next request's, running as a hung candidate's verdict was
+  read, made its timeout the machine's fault, retried and then dropped instead of failed).
 """
 from __future__ import annotations
 
@@ -131,7 +134,8 @@ def _pids() -> list[int]:
 
 
 def _thread_ticks(skip: set[int]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(pid, tid) -> (utime + stime in ticks, the CPU it last ran on), for every thread outside ``skip``."""
+    """(pid, tid) -> (utime + stime in ticks, the CPU it last ran on), for every thread outside ``skip``
+    that holds its CPU from others (not at SCHED_IDLE)."""
     out = {}
     for pid in _pids():
         if pid in skip:
@@ -144,7 +148,8 @@ def _thread_ticks(skip: set[int]) -> dict[tuple[int, int], tuple[int, int]]:
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                out[(pid, int(tid))] = (int(fields[11]) + int(fields[12]), int(fields[36]))
+                if int(fields[38]) != os.SCHED_IDLE:  # fields from stat's third: utime 14, processor 39, policy 41
+                    out[(pid, int(tid))] = (int(fields[11]) + int(fields[12]), int(fields[36]))
             except (OSError, IndexError, ValueError):
                 continue
     return out

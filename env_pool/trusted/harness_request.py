@@ -37,7 +37,7 @@ class HarnessRequest:
     correctness_inputs: int  # env.correctness_inputs: fresh input sets checked before the rest
     adversarial_inputs: bool  # env.adversarial_inputs: the extreme sets too
     compile_mode: str  # env.compile_mode: the compiled baseline's torch.compile mode
-    keep_cpus_awake: bool  # env.keep_cpus_awake: a spinner at the lowest priority on each of ``cpus`` through the request (awake_cpus.py)
+    keep_cpus_awake: bool  # env.keep_cpus_awake: a spinner at the lowest priority on each of ``cpus`` through the request (awake_cpus.py; off by default)
     seccomp: bool  # env.seccomp: the candidate's server under the seccomp filter
     code_sampling: bool  # env.code_sampling: the trusted code sampler judges which code ran
     memory_limit_mb: int  # env.memory_limit_mb: a candidate's server
