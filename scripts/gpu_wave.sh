@@ -40,6 +40,8 @@
 #   stamps    level1/01_gelu's kernels stamping their own forward's steps in the rounds (scripts/forward_stamps.py;
 #             issue 34: where the candidate's extra host time goes; STAMPS_ARGS, e.g. "--repeats 3 --variants ctypes torch")
 #   stampsbefore  the same, run by the tree in .before/ (as `before`)
+#   overlap   whether another process's kernel or copy runs while a process's spin kernel holds the device
+#             (scripts/context_overlap.py; a question before a timing gate, issue 34; under a minute)
 #   detector  the cuda corpus cases of the fallback detector and most legitimate cuda kernels (~4 min
 #             on an H200; the whole cuda corpus, `corpus`, ~8 min)
 # FIDELITY_KERNELS (default: gelu_cuda linear_relu_cublas_paper_cuda softmax_warp_cuda) picks the
@@ -107,6 +109,7 @@ queue() {
       recheck) fidelity recheck eager_recheck=true baseline_servers=2 ;;
       nosampler) fidelity nosampler code_sampling=false ;;
       noseccomp) fidelity noseccomp seccomp=false ;;
+      overlap) step overlap 300 env OUT="$WAVE" python3 scripts/context_overlap.py ;;
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
       idle) step idle 120 env OUT="$WAVE" python3 scripts/launch_after_idle.py ;;
       sets) step sets 900 run_sets ;;

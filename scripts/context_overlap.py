@@ -1,0 +1,116 @@
+"""Can one process's GPU work run while another process's kernel holds the device? On a GPU machine.
+
+    python scripts/context_overlap.py     # writes $OUT/context_overlap.json (default /tmp)
+
+Issue 34, a question before a design: a round's host path (the server's wake, its forward's
+Python, its launch) runs cold and adds to the round's time, where do_bench's back-to-back loop
+hides it behind the previous call's device work. A trusted "gate" would hide it the same way: the
+harness launches a spin kernel of G ms on its own stream just before GO, and the round is timed
+from the gate's end. That is sound only if nothing of the candidate's (another process, so another
+CUDA context) can run on the device during the gate: not a kernel (contexts are time-sliced, and a
+slice boundary inside the gate would let one in), not a copy (copy engines may serve another
+context's copies beside a kernel). This measures both: a "harness" process launches a spin kernel
+of G ms (``torch.cuda._sleep``) and a "candidate" process, a moment later, a tiny kernel, a 64 MiB
+device-to-host copy and a 64 MiB device-to-device copy, each timed to its end on the shared
+monotonic clock. An operation that ends well before the gate does ran beside it. A benchmark: it
+asserts nothing. (Written on 2026-11-28 after the session's device time ran out: not yet run.)
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import time
+
+GATES_MS = (0.5, 2.0, 10.0, 50.0)  # spans the time slices the driver may use
+REPEATS = 7
+DELAY_S = 0.0002  # the candidate's operation starts this long after the gate's launch
+OPERATIONS = ("kernel", "copy_to_host", "copy_on_device")
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def harness(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
+    import torch
+
+    torch.cuda.init()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    for gate in gates:
+        ready.wait()
+        launched = time.perf_counter_ns()
+        torch.cuda._sleep(int(gate * cycles_per_ms))
+        torch.cuda.synchronize()
+        results.put(("gate", gate, launched, time.perf_counter_ns()))
+
+
+def candidate(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
+    import torch
+
+    torch.cuda.init()
+    small = torch.zeros(1024, device="cuda")
+    source = torch.ones(16 << 20, device="cuda")  # 64 MiB
+    host = torch.empty(16 << 20, pin_memory=True)
+    device = torch.empty_like(source)
+    work = {"kernel": lambda: small.add_(1), "copy_to_host": lambda: host.copy_(source, non_blocking=True),
+            "copy_on_device": lambda: device.copy_(source, non_blocking=True)}
+    torch.cuda.synchronize()
+    for gate, operation in zip(gates, _operations(len(gates))):
+        ready.wait()
+        _busy(DELAY_S)
+        begun = time.perf_counter_ns()
+        work[operation]()
+        torch.cuda.synchronize()
+        results.put((operation, gate, begun, time.perf_counter_ns()))
+
+
+def _operations(count: int) -> list[str]:
+    return [OPERATIONS[k % len(OPERATIONS)] for k in range(count)]
+
+
+def main() -> None:
+    gates = [g for g in GATES_MS for _ in OPERATIONS for _ in range(REPEATS)]
+    ready, results = mp.Barrier(2), mp.Queue()
+    procs = [mp.Process(target=f, args=(gates, ready, results)) for f in (harness, candidate)]
+    for p in procs:
+        p.start()
+    rows = []
+    while len(rows) < 2 * len(gates):
+        try:
+            rows.append(results.get(timeout=5))
+        except queue.Empty:
+            failed = [p.name for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"{', '.join(failed)} failed: no GPU, or see its traceback above")
+    for p in procs:
+        p.join()
+    gate_ends = [r for r in rows if r[0] == "gate"]
+    ops = [r for r in rows if r[0] != "gate"]
+    table = {}
+    for (name, gate, begun, ended), (_, _, launched, gate_end) in zip(ops, gate_ends):
+        # how long before the gate's end the candidate's operation ended (ms; > 0: it ran beside the gate)
+        table.setdefault(f"{name} during a {gate} ms gate", []).append((gate_end - ended) / 1e6)
+    summary = {k: {"median_ms_before_gate_end": round(statistics.median(v), 3), "max": round(max(v), 3)} for k, v in table.items()}
+    for k, v in summary.items():
+        print(f"{k:40s} {v}", flush=True)
+    out = os.environ.get("OUT", "/tmp")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "context_overlap.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    main()
