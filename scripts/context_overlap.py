@@ -36,7 +36,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def harness(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
+def harness(plan: list[tuple[float, str]], ready: mp.Barrier, results: mp.Queue) -> None:
     import torch
 
     torch.cuda.init()
@@ -46,15 +46,14 @@ def harness(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
     end.record()
     torch.cuda.synchronize()
     cycles_per_ms = 10_000_000 / start.elapsed_time(end)
-    for gate in gates:
+    for gate, _ in plan:
         ready.wait()
-        launched = time.perf_counter_ns()
         torch.cuda._sleep(int(gate * cycles_per_ms))
         torch.cuda.synchronize()
-        results.put(("gate", gate, launched, time.perf_counter_ns()))
+        results.put(("gate", gate, time.perf_counter_ns()))
 
 
-def candidate(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
+def candidate(plan: list[tuple[float, str]], ready: mp.Barrier, results: mp.Queue) -> None:
     import torch
 
     torch.cuda.init()
@@ -65,27 +64,22 @@ def candidate(gates: list[float], ready: mp.Barrier, results: mp.Queue) -> None:
     work = {"kernel": lambda: small.add_(1), "copy_to_host": lambda: host.copy_(source, non_blocking=True),
             "copy_on_device": lambda: device.copy_(source, non_blocking=True)}
     torch.cuda.synchronize()
-    for gate, operation in zip(gates, _operations(len(gates))):
+    for gate, operation in plan:
         ready.wait()
         _busy(DELAY_S)
-        begun = time.perf_counter_ns()
         work[operation]()
         torch.cuda.synchronize()
-        results.put((operation, gate, begun, time.perf_counter_ns()))
-
-
-def _operations(count: int) -> list[str]:
-    return [OPERATIONS[k % len(OPERATIONS)] for k in range(count)]
+        results.put((operation, gate, time.perf_counter_ns()))
 
 
 def main() -> None:
-    gates = [g for g in GATES_MS for _ in OPERATIONS for _ in range(REPEATS)]
+    plan = [(gate, operation) for gate in GATES_MS for operation in OPERATIONS for _ in range(REPEATS)]
     ready, results = mp.Barrier(2), mp.Queue()
-    procs = [mp.Process(target=f, args=(gates, ready, results)) for f in (harness, candidate)]
+    procs = [mp.Process(target=f, args=(plan, ready, results)) for f in (harness, candidate)]
     for p in procs:
         p.start()
     rows = []
-    while len(rows) < 2 * len(gates):
+    while len(rows) < 2 * len(plan):
         try:
             rows.append(results.get(timeout=5))
         except queue.Empty:
@@ -99,7 +93,7 @@ def main() -> None:
     gate_ends = [r for r in rows if r[0] == "gate"]
     ops = [r for r in rows if r[0] != "gate"]
     table = {}
-    for (name, gate, begun, ended), (_, _, launched, gate_end) in zip(ops, gate_ends):
+    for (name, gate, ended), (_, _, gate_end) in zip(ops, gate_ends):
         # how long before the gate's end the candidate's operation ended (ms; > 0: it ran beside the gate)
         table.setdefault(f"{name} during a {gate} ms gate", []).append((gate_end - ended) / 1e6)
     summary = {k: {"median_ms_before_gate_end": round(statistics.median(v), 3), "max": round(max(v), 3)} for k, v in table.items()}

@@ -139,7 +139,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--variants", nargs="*", default=["ctypes", "load_inline", "torch"], help="which forwards to stamp")
+    parser.add_argument("--variants", nargs="*", default=["ctypes", "load_inline", "torch"],
+                        choices=["ctypes", "load_inline", "torch"], help="which forwards to stamp")
     parser.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE", help="EnvConfig settings, as bench_integrity's")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -147,8 +148,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="forward-stamps-", dir="/var/tmp"))
     ctx = context(work, **env_settings(args.env))
     rows = []
-    for name, files in variants().items():
-        for _ in range(args.repeats if name in args.variants else 0):
+    built = variants()
+    for name in args.variants:
+        files = built[name]
+        for _ in range(args.repeats):
             result = asyncio.run(evaluate(ctx, task, files, "full"))
             found = re.search(r"STAMPS.*", result.message) or re.search(r"STAMPS.*", result.run_log)
             rows.append({"variant": name, "failure": result.failure, "stamps": found.group(0) if found else result.message[:400]})

@@ -298,10 +298,10 @@ def trip_switches(state: GuardState) -> None:
         setattr(owner, name, tripwire(name))
     for module in list(sys.modules.values()):
         try:
-            held = [(attr, value) for attr, value in vars(module).items() if any(value is o for o in originals)]
+            held = [attr for attr, value in vars(module).items() if any(value is o for o in originals)]
         except TypeError:  # a module object without a __dict__
             continue
-        for attr, _ in held:
+        for attr in held:
             setattr(module, attr, tripwire(attr))
 
 
