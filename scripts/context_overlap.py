@@ -13,7 +13,23 @@ context's copies beside a kernel). This measures both: a "harness" process launc
 of G ms (``torch.cuda._sleep``) and a "candidate" process, a moment later, a tiny kernel, a 64 MiB
 device-to-host copy and a 64 MiB device-to-device copy, each timed to its end on the shared
 monotonic clock. An operation that ends well before the gate does ran beside it. A benchmark: it
-asserts nothing. (Written on 2026-11-28 after the session's device time ran out: not yet run.)
+asserts nothing.
+
+On an H200 (2026-11-28 19:53, `gpu_wave.sh start overlap`; ms by which the operation ended before
+the gate's end, medians of 7, negative: after it):
+
+| gate | kernel | copy to host (64 MiB) | copy on the device (64 MiB) |
+| --- | --- | --- | --- |
+| 0.5 ms | -0.14 | -1.19 | -0.17 |
+| 2 ms | -0.14 | -0.69 (-0.48 at most) | -0.17 |
+| 10 ms | +1.34 | +2.11 | +1.31 |
+| 50 ms | +15.7 | +16.5 | +15.7 |
+
+So the gate is not built: the other context's kernels wait out a gate of up to 2 ms (and ~0.14 ms
+more, the switch between contexts), but run inside a longer one (time slices), and its copy to the
+host ran partly inside a 2 ms gate (about 1.05 ms long after a 0.5 ms gate, it ended only 0.5-0.7
+ms after a 2 ms one): a copy engine serves another context beside the gate's kernel, so a
+candidate could move its inputs in time the gate would have taken off its clock.
 """
 from __future__ import annotations
 

@@ -25,6 +25,8 @@
 #             after idle (scripts/forward_host_cost.py; issue 34)
 #   idle      one launch's host time after 20 ms asleep, busy, or beside an idle spinner on its CPU
 #             (scripts/launch_after_idle.py; issue 34)
+#   screen    every starter task's eager time on this GPU against the paper's 1-100 ms window (`tasks check`'s
+#             screen; the sizes are the H100's of 2026-11-27; needs no gpu-stack)
 #   sets      `tasks check --sets-only` on KernelBench level 2's 31 3-D convolutions (issue 31;
 #             level 1 took ~40 s a problem there)
 #   async     the learning check, asynchronous (issue 33)
@@ -78,6 +80,12 @@ run_size() {
   python3 -m launch.cli tasks check --backend cuda --jsonl tasks/starter > "$WAVE/starter-check.jsonl"
 }
 
+run_screen() {  # `tasks check --backend cuda --jsonl tasks/starter` without the CLI (the bare GPU image has no rich)
+  python3 -c 'import json; from dataclasses import asdict; from tasks.loader import load_tasks; from tasks.screen import screen_task
+for task in load_tasks(["tasks/starter"])[0]: print(json.dumps(asdict(screen_task(task, "cuda", window_ms=(1.0, 100.0)))), flush=True)' \
+    > "$WAVE/starter-screen.jsonl"
+}
+
 run_sets() {  # levels 1 and 3 ran on an H100, level 2 but its 3-D convolutions on the CPU (README)
   timeout 840 python3 -m launch.cli tasks check --backend cuda --sets-only --jsonl "$KB"/level2/*3d*.py > "$WAVE/sets-level2-3d.jsonl"
 }
@@ -113,6 +121,7 @@ queue() {
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
       idle) step idle 120 env OUT="$WAVE" python3 scripts/launch_after_idle.py ;;
       sets) step sets 900 run_sets ;;
+      screen) step screen 420 run_screen ;;
       before) step before 600 run_before ;;
       stamps) step stamps 600 python3 scripts/forward_stamps.py --out "$WAVE/stamps" ${STAMPS_ARGS:-} ;;
       stampsbefore) step stampsbefore 600 run_before python3 scripts/forward_stamps.py --out "$WAVE/stampsbefore" ${STAMPS_ARGS:-} ;;
@@ -150,7 +159,7 @@ start)
   [ -d "$KB" ] && rm -rf /tmp/wave-kb && cp -r "$KB" /tmp/wave-kb && KB=/tmp/wave-kb
   [ -d "$PAPER" ] && rm -rf /tmp/wave-paper && cp -r "$PAPER" /tmp/wave-paper && PAPER=/tmp/wave-paper
   [ -d "$BEFORE" ] && rm -rf /tmp/wave-before && cp -r "$BEFORE" /tmp/wave-before && BEFORE=/tmp/wave-before
-  export -f step learn_check fidelity queue run_size run_sets run_before; export WAVE KB PAPER BEFORE FIDELITY_KERNELS STAMPS_ARGS
+  export -f step learn_check fidelity queue run_size run_sets run_screen run_before; export WAVE KB PAPER BEFORE FIDELITY_KERNELS STAMPS_ARGS
   setsid nohup bash -c "$(declare -p LEARN); queue $*" > "$WAVE/queue.log" 2>&1 < /dev/null &
   sleep 2; cat "$WAVE/status" 2>/dev/null
   ;;

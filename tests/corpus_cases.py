@@ -45,3 +45,22 @@ def meets(result, verdict) -> bool:
         return int(result.milestone) <= verdict["max_milestone"]
     guards = {v.guard for v in result.violations}
     return result.failure == verdict["failure"] and verdict.get("guard") in (None, *guards)
+
+
+def evaluate_in_process(cfg, mode: str = "full", case: str = "relu_omp"):
+    """The legitimate corpus case ``case`` evaluated under ``cfg`` (an EnvConfig) by a harness in this
+    process (scripts/profile_harness.py), so that a test can spy on the harness's side."""
+    import asyncio
+
+    from env_pool.evaluate import EvalContext, evaluate
+    from scripts.profile_harness import InProcessHarness
+    from tasks.loader import load_tasks
+
+    folder = CORPUS / "legit" / case
+    task = {t.id: t for t in load_tasks()[0]}[json.loads((folder / "case.json").read_text())["task"]]
+    ctx = EvalContext(cfg=cfg)
+    ctx._harness = inproc = InProcessHarness()
+    try:
+        return asyncio.run(evaluate(ctx, task, files_of(folder), mode))
+    finally:
+        inproc.close()

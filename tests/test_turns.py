@@ -1,17 +1,12 @@
 """The candidate's rounds served in turns (env_pool/trusted/turns.py): alone, or on cpp in turn with its baselines (env.baseline_timing)."""
 from __future__ import annotations
 
-import asyncio
-import json
-
 import pytest
 
 from configs.schema import EnvConfig
-from env_pool.evaluate import EvalContext, evaluate, times_in_turn
+from env_pool.evaluate import EvalContext, times_in_turn
 from env_pool.trusted import round_protocol, turns
-from scripts.profile_harness import InProcessHarness
-from tasks.loader import load_tasks
-from tests.corpus_cases import CORPUS, files_of
+from tests.corpus_cases import evaluate_in_process
 
 
 def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each_per_turn(tmp_path, monkeypatch):
@@ -33,14 +28,7 @@ def test_a_full_evaluation_serves_the_candidate_and_its_baselines_one_round_each
         return original(self, given, check, label, calls)
 
     monkeypatch.setattr(round_protocol.Session, "_round", spy)
-    folder = CORPUS / "legit" / "relu_omp"
-    task = {t.id: t for t in load_tasks()[0]}[json.loads((folder / "case.json").read_text())["task"]]
-    ctx = EvalContext(cfg=EnvConfig(work_dir=str(tmp_path), warmup=2, repetitions=8, pch_dir="", baseline_timing="in_turn"))
-    ctx._harness = inproc = InProcessHarness()
-    try:
-        result = asyncio.run(evaluate(ctx, task, files_of(folder), "full"))
-    finally:
-        inproc.close()
+    result = evaluate_in_process(EnvConfig(work_dir=str(tmp_path), warmup=2, repetitions=8, pch_dir="", baseline_timing="in_turn"))
     assert result.failure is None, result.message
     assert result.timed_in_turn and len(result.eager.samples_ms) == len(result.compiled.samples_ms) == 6
     # Six turns on a busy 2-core machine may leave a baseline too noisy to compare with: no speed claim then.

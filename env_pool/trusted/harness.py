@@ -48,7 +48,7 @@ import torch
 
 from env_pool.isolation.sandbox import SandboxError
 from env_pool.shared.inputs import ADVERSARIAL, adversarial
-from env_pool.trusted.awake_cpus import awake
+from env_pool.trusted.awake_cpus import Awake, awake
 from env_pool.trusted.code_sampler import judge
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.turns import BASELINES, BaselinesFailed, merged_rounds, serve_candidate
@@ -354,12 +354,26 @@ def out_of_memory(message: str) -> bool:
 
 def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> dict:
     try:
-        with on_cpus(request.harness_cpus), awake(request.cpus if request.keep_cpus_awake else ()):
-            return evaluate_rounds(cache.get(request), pools, request)
+        with on_cpus(request.harness_cpus), awake(spinner_cpus(request)) as spinners:
+            rounds = cache.get(request)
+            rounds.awake = spinners
+            try:
+                return evaluate_rounds(rounds, pools, request)
+            finally:
+                rounds.awake = Awake()  # none: a cached task outlives the request's spinners
+                if spinners.dropped:
+                    log(f"spinners on CPUs {spinners.dropped} did not answer (starved or gone) and were killed")
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
         return {"ok": False, "failure": "infra", "message": f"the harness failed: {type(err).__name__}: {err}"}
+
+
+def spinner_cpus(request: HarnessRequest) -> list[int]:
+    """The server CPUs that get a spinner (env.keep_cpus_awake): none the harness runs on, where its
+    own busy wait for the spinners to sleep would keep them from saying so (a machine of no more
+    CPUs than the servers' threads gives the harness the servers' CPUs: env_pool/evaluate.split_cpus)."""
+    return [cpu for cpu in request.cpus if cpu not in request.harness_cpus] if request.keep_cpus_awake else []
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from env_pool.shared.inputs import make_model
 from env_pool.shared.profile import CacheFlusher, synchronize
 from env_pool.shared.rounds import (CALLS, DONE, GO, MAX_OUTPUTS, NOWHERE, OUTS, READY, STAMP_WORDS, STAMPS, STOP, Control,
                                     SlotMemory, next_phase, plan_layout)
+from env_pool.trusted.awake_cpus import Awake
 from env_pool.trusted.code_sampler import CodeIdentity, CodeLedger, CpuSampler, Disturbance, PhaseSampling, SamplerUnavailable
 from env_pool.trusted.harness_request import HarnessRequest
 from env_pool.trusted.readout import Unreadable, read_arena, read_process
@@ -73,6 +74,9 @@ class PhaseRun:
 
     samples_ns: list[int] = field(default_factory=list)
     staging_ns: list[int] = field(default_factory=list)  # the harness's input writes and output reads, per round
+    # ... split: its input writes (synced), its output reads launched, their sync; for the log only
+    # (a real round's staging runs longer than a null one's on a GPU, and only the null's is subtracted)
+    staging_split_ns: list[tuple[int, int, int]] = field(default_factory=list)
     settle_ns: list[int] = field(default_factory=list)  # DONE until the server was frozen: its own, never subtracted
     # A passed round's GO until DONE, split at the thaw's return and at the server's own stamps
     # (its wake, its outputs placed, its device synced: untrusted); the last four terms sum to
@@ -123,6 +127,7 @@ class Rounds:
                           for _ in range(self.calls)]
         self.flusher = CacheFlusher(self.device)
         self._discrimination: Discrimination | None = None
+        self.awake = Awake()  # the request's spinners on the servers' CPUs (harness._attempt), asleep through each round
 
     def _reference_peak(self, inputs: list[Any]) -> tuple[list[Any], int]:
         """The reference's outputs on ``inputs``, and on a GPU the most device memory its forward held at once."""
@@ -545,23 +550,29 @@ class Session:
         r.write_inputs(sets, self.arg_views)  # inside the window, the server frozen: no round's inputs exist before its clock runs
         if sampler is not None:
             sampler.enable(True)
-        go_at = time.perf_counter_ns()
-        control.words[GO] = nonce
-        self.freezer.thaw()
-        thawed_at = time.perf_counter_ns()
-        status = r.wait_done(control, self.server.thread, nonce, sampling)
-        done_at = time.perf_counter_ns()
-        if not self.freezer.freeze(self.server.thread.is_alive):
-            raise ServerGone()
-        frozen_at = time.perf_counter_ns()
+        try:
+            r.awake.pause()  # inside the window and the null phase's alike: its few microseconds are staging
+            go_at = time.perf_counter_ns()
+            control.words[GO] = nonce
+            self.freezer.thaw()
+            thawed_at = time.perf_counter_ns()
+            status = r.wait_done(control, self.server.thread, nonce, sampling)
+            done_at = time.perf_counter_ns()
+            if not self.freezer.freeze(self.server.thread.is_alive):
+                raise ServerGone()
+            frozen_at = time.perf_counter_ns()
+        finally:
+            r.awake.resume()
         if sampler is not None:
             sampler.enable(False)
         if status >= 0:
             r.read_outputs(self.server, control, calls)
+        read_at = time.perf_counter_ns()
         synchronize(r.device)
         end = time.perf_counter_ns()
         run.samples_ns.append(end - start)
         run.staging_ns.append((go_at - start) + (end - frozen_at))
+        run.staging_split_ns.append((go_at - start, read_at - frozen_at, end - read_at))
         run.settle_ns.append(frozen_at - done_at)
         if status >= 0:
             woke, placed, synced = (control.words[STAMPS + i] for i in range(STAMP_WORDS))
@@ -590,7 +601,8 @@ class Session:
     def _end(self) -> None:
         index, run = len(self.runs), self.run
         self.runs[self.phases[index]] = run
-        log(f"  {self.phases[index]}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)}, "
+        log(f"  {self.phases[index]}: rounds {_ms(run.samples_ns)}, of which the harness's {_ms(run.staging_ns)} "
+            f"({_split(run.staging_split_ns, STAGING_SPLIT)}), "
             f"GO to DONE {_ms([sum(row[1:]) for row in run.split_ns])} ({_split(run.split_ns)}), "
             f"DONE to frozen {_ms(run.settle_ns)} (medians, ms); its threads {thread_census(self.server)}")
         if self.sampler is not None and self.identity is not None:
@@ -727,11 +739,12 @@ def _ms(values_ns: list[int]) -> str:
 
 
 SPLIT = ("the thaw", "GO to the server's wake", "its forward", "its sync", "its sync to DONE seen")
+STAGING_SPLIT = ("input writes", "output reads launched", "their sync")
 
 
-def _split(split_ns: list[tuple[int, ...]]) -> str:
-    """GO to DONE term by term, each term's median; the last four by the server's own stamps."""
-    return ", ".join(f"{what} {_ms([row[i] for row in split_ns])}" for i, what in enumerate(SPLIT))
+def _split(split_ns: list[tuple[int, ...]], terms: tuple[str, ...] = SPLIT) -> str:
+    """A round's time term by term, each term's median (GO to DONE's last four by the server's own stamps)."""
+    return ", ".join(f"{what} {_ms([row[i] for row in split_ns])}" for i, what in enumerate(terms))
 
 
 def _iqr(values: list[float]) -> float:
