@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from env_pool.trusted.awake_cpus import SPIN, awake
+from env_pool.trusted.awake_cpus import SPIN, Awake, awake
 from tests.harness_requests import request_for
 
 SETTLE_S = 5.0  # a spinner's interpreter start-up, on a loaded 2-core machine
@@ -59,12 +59,11 @@ def test_each_cpu_gets_a_pinned_lowest_priority_spinner_killed_and_reaped_after(
     with awake([cpu]) as spinners:
         started = [s.process for s in spinners.spinners]
         assert len(started) == 1 and settled(started[0].pid, cpu)
-        assert spinners.words[spinners.spinners[0].word] == 1, "awake() returns once each spinner runs"
         assert started[0].poll() is None, "it spins until the request ends"
     assert started[0].returncode == -signal.SIGKILL
     with awake(()) as none:
         assert none.spinners == []
-        none.pause(), none.resume()  # nothing to pause: rounds go on as without
+        none.round_begun(), none.round_over()  # nothing to tell: rounds go on as without
 
 
 def state(pid: int) -> str:
@@ -80,51 +79,79 @@ def becomes(pid: int, wanted: str) -> bool:
     return False
 
 
-def test_a_paused_spinner_is_asleep_until_resumed():
+def preemptions(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+
+
+def spinning(pid: int) -> bool:
+    """Whether ``pid`` gets CPU time (its run time in schedstat grows), waiting for it a while."""
+    ran = lambda: int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])  # noqa: E731
+    first, end = ran(), time.monotonic() + SETTLE_S
+    while time.monotonic() < end:
+        time.sleep(0.001)
+        if ran() > first:
+            return True
+    return False
+
+
+def occupy(cpu: int, seconds: float = 0.05) -> None:
+    """A busy process at a normal priority on ``cpu`` for ``seconds``, as a server's round takes its CPU."""
+    code = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_spinner_sleeps_once_the_round_has_taken_its_cpu_until_the_round_is_over():
     """Runnable through a round, a spinner is handed the CPU whenever the server's threads yield:
-    paused, it is asleep from before GO until the server is frozen again."""
+    in a round, it goes to sleep as soon as it gets its CPU back from the server, until the round
+    is over. Before that it spins on, so the CPU never halts before the server wakes."""
     cpu = sorted(os.sched_getaffinity(0))[0]
     with awake([cpu]) as spinners:
-        spinner = spinners.spinners[0]
-        pid = spinner.process.pid
+        pid = spinners.spinners[0].process.pid
         assert settled(pid, cpu)
         for _ in range(3):
-            spinners.pause()
-            assert spinners.words[spinner.word] == spinners.words[0], "pause returned before the spinner said it sleeps"
-            assert becomes(pid, "S"), "paused, yet it spins"
-            spinners.resume()
-            assert becomes(pid, "R"), "resumed, yet it sleeps"
+            spinners.round_begun()
+            occupy(cpu)
+            assert becomes(pid, "S"), "it got its CPU back in a round, yet it spins"
+            spinners.round_over()
+            assert becomes(pid, "R"), "the round is over, yet it sleeps"
+        for _ in range(5):  # asleep only once preempted (by anything: ~7 times a second here), never before
+            before = preemptions(pid)
+            assert spinning(pid), "woken after the round, it never ran again"  # since ``before``: it has seen that count
+            spinners.round_begun()
+            time.sleep(0.002)
+            asleep = state(pid) == "S"
+            assert not asleep or preemptions(pid) > before, "it slept before anything took its CPU: the CPU halts before the server's wake"
+            spinners.round_over()
+
+
+def test_a_spinner_not_in_its_loop_in_time_is_killed():
+    """At its starting priority it would take the server's CPU; at SCHED_IDLE before its loop, it would spin through rounds."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spinners = Awake()
+    try:
+        spinners.start(cpu)
+        os.kill(spinners.spinners[0].process.pid, signal.SIGSTOP)
+        spinners.settle(0.2)
+        assert spinners.pinned == [] and spinners.spinners[0].process.wait(timeout=SETTLE_S) == -signal.SIGKILL
+    finally:
+        spinners.close()
+
+
+def test_no_spinner_goes_on_a_cpu_the_harness_runs_on():
+    """Runnable through the harness's staging, on the round's clock, it would now and then take a slice from the harness."""
+    from env_pool.trusted.harness import spinner_cpus
+
+    assert spinner_cpus(request_for(cpus=(1, 2, 3), harness_cpus=(0, 1), keep_cpus_awake=True)) == [2, 3]
+    assert spinner_cpus(request_for(cpus=(0, 1), harness_cpus=(0, 1), keep_cpus_awake=True)) == []
+    assert spinner_cpus(request_for(cpus=(1, 2), harness_cpus=(0,))) == []  # off by default
 
 
 def test_a_spinner_that_cannot_be_pinned_is_killed_at_once():
     """Unpinned, it would spin on whichever CPU it liked, a server's among them."""
     with awake([4096]) as spinners:  # no such CPU: sched_setaffinity refuses it
         assert spinners.spinners[0].process.wait(timeout=SETTLE_S) == -signal.SIGKILL
-        assert spinners.pinned == []  # a pause waits for none
-
-
-def test_a_spinner_that_does_not_answer_a_pause_is_killed_and_not_waited_for_again():
-    """Stopped (or starved), it would run in the round, and every later pause would wait for it."""
-    cpu = sorted(os.sched_getaffinity(0))[0]
-    with awake([cpu]) as spinners:
-        spinner = spinners.spinners[0]
-        os.kill(spinner.process.pid, signal.SIGSTOP)
-        spinners.pause()
-        assert spinners.pinned == [] and spinners.dropped == [cpu]
-        assert spinner.process.wait(timeout=SETTLE_S) == -signal.SIGKILL
-        spinners.resume()
-        begin = time.perf_counter()
-        spinners.pause(), spinners.resume()
-        assert time.perf_counter() - begin < 1e-3 / 2, "a pause waited for the killed spinner"
-
-
-def test_no_spinner_goes_on_a_cpu_the_harness_runs_on():
-    """There the harness's own wait for it to sleep keeps it from saying so: every round would wait it out."""
-    from env_pool.trusted.harness import spinner_cpus
-
-    assert spinner_cpus(request_for(cpus=(1, 2, 3), harness_cpus=(0, 1), keep_cpus_awake=True)) == [2, 3]
-    assert spinner_cpus(request_for(cpus=(0, 1), harness_cpus=(0, 1), keep_cpus_awake=True)) == []
-    assert spinner_cpus(request_for(cpus=(1, 2), harness_cpus=(0,))) == []  # off by default
+        assert spinners.pinned == []  # no round tells it anything
 
 
 def test_a_spinner_dies_with_the_harness_that_started_it():
@@ -166,29 +193,31 @@ def test_the_harness_keeps_the_requests_server_cpus_awake_only_while_it_serves_a
     assert seen[-1] == [], "env.keep_cpus_awake=false, the default: none"
 
 
-def test_in_a_real_evaluation_every_round_runs_with_the_spinners_asleep(tmp_path, monkeypatch):
-    """The wiring: the harness pauses its spinners before each round's GO and wakes them after."""
+def test_in_a_real_evaluation_each_round_tells_the_spinners_before_the_thaw_and_wakes_them_after_the_freeze(tmp_path, monkeypatch):
+    """The wiring: told after the thaw, a spinner could take a slice from a server thread that
+    yields at once; woken before the freeze, it could run beside the server's last moments in the round."""
     from configs.schema import EnvConfig
-    from env_pool.trusted import awake_cpus, round_protocol
+    from env_pool.isolation.cgroups import Freezer
     from tests.corpus_cases import evaluate_in_process
 
-    seen: list[tuple[bool, bool]] = []  # per round: every running spinner asleep after the pause, awake again after the round
-    pause, serve = awake_cpus.Awake.pause, round_protocol.Session._round
+    events: list[str] = []
+    spinning: list[bool] = []  # per call to the spinners: were there any to tell
 
-    def paused(self):
-        pause(self)
-        running = [s.process.pid for s in self.pinned]
-        seen.append((bool(running) and all(becomes(pid, "S") for pid in running), False))
+    def spy(cls, name: str) -> None:
+        original = getattr(cls, name)
 
-    def round_then_awake(self, *args):
-        serve(self, *args)
-        if seen:
-            seen[-1] = (seen[-1][0], not self.rounds.awake.words[0] & 1)
+        def recorded(self, *args, **kwargs):
+            events.append(name)
+            if isinstance(self, Awake):
+                spinning.append(bool(self.pinned))
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, recorded)
 
-    monkeypatch.setattr(awake_cpus.Awake, "pause", paused)
-    monkeypatch.setattr(round_protocol.Session, "_round", round_then_awake)
+    for cls, name in ((Freezer, "thaw"), (Freezer, "freeze"), (Awake, "round_begun"), (Awake, "round_over")):
+        spy(cls, name)
     result = evaluate_in_process(EnvConfig(work_dir=str(tmp_path), pch_dir="", keep_cpus_awake=True), "verify")
     assert result.failure is None, result.message
-    assert len(seen) >= 5 and all(awake_again for _, awake_again in seen)
-    assert all(asleep for asleep, _ in seen), f"a spinner ran through a round: {seen}"
+    rounds = " ".join(events).count("round_begun thaw freeze round_over")
+    assert rounds >= 5 and rounds == events.count("round_begun") == events.count("round_over"), events
+    assert all(spinning), "a round ran without the request's spinners"
     assert spinners_of(os.getpid()) == []

@@ -1,5 +1,5 @@
 """The servers' CPUs kept awake between rounds: a spinner at the lowest priority on each, asleep
-through each round.
+in each round once the server has taken its CPU.
 
 TRUSTED SIDE (the harness, env_pool/trusted/harness.py, for the length of one request). A server
 is frozen through the harness's staging and checking, milliseconds in which its CPU has nothing
@@ -18,15 +18,15 @@ A SCHED_IDLE task runs only when nothing else on its CPU wants to, and a spin to
 lines. Yet a runnable one is handed the CPU whenever the server's threads yield (``sched_yield``:
 spin barriers in C++ thread pools, Intel's OpenMP, CUDA's yield scheduling) and a whole slice
 then (on the 2-core VM a 2 ms wait that yielded overshot by 2.8 ms), and now and then one anyway
-(a CPU-bound round lost 1.6-4.5 ms in 1 round of 17-37). So each spinner is asleep through each
-round (``Awake.pause``, from before GO until the server is frozen again): it runs only while the
-server cannot. It is the harness's own child, outside every sandbox and freezer; the code sampler
-attributes only the servers' processes' samples, its disturbance check counts only builds, and
-host_pressure does not count a SCHED_IDLE thread as holding a CPU. It dies with the request
+(a CPU-bound round lost 1.6-4.5 ms in 1 round of 17-37). So in a round each spinner goes to sleep
+as soon as it gets its CPU back from the server, until the server is frozen again (``Awake``). It
+is the harness's own child, outside every sandbox and freezer; the code sampler attributes only the
+servers' processes' samples, its disturbance check counts only builds, and host_pressure does not
+count a SCHED_IDLE thread as holding a CPU. It dies with the request
 (``awake``), or with the harness's thread however that ends (PR_SET_PDEATHSIG).
 
 Off by default (env.keep_cpus_awake). Side by side on an H200 (2026-11-28, two leases, five
-evaluations each of gelu_cuda and linear_relu_cublas_paper_cuda), the paused spinners took
+evaluations each of gelu_cuda and linear_relu_cublas_paper_cuda), spinners told to sleep before GO took
 0.13-0.19 ms off eager GELU's GO to DONE (2.32-2.37 ms against 2.50-2.51) and 0.1-0.3 ms off the
 candidate's, yet the speedups' distance from do_bench and their spread moved by no more than the
 noise between runs (README: the timing's fidelity).
@@ -43,27 +43,33 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-PAUSE_WAIT_NS = 1_000_000  # how long pause() waits for the spinners to be asleep; one that has not said so by then is killed
-START_WAIT_S = 2.0  # how long awake() waits for each spinner to run; one not running by then is killed
+START_WAIT_S = 2.0  # how long a spinner may take to reach its loop; one slower is killed
 
-
-# The spinner: gone when the harness that started it (argv[1]) is. awake() pins it and sets its
-# policy from outside, as it starts. Word 0 of the shared page (argv[3]) is the pause generation
-# (odd: a round is about to run or runs, and at least 3); a spinner writes 1 into its own word
-# (argv[2]) once it runs, and on seeing an odd generation writes that and sleeps on its own
-# eventfd (argv[4]) until the harness writes to it.
+# The spinner: gone when the harness that started it (argv[1]) is. It starts on the harness's CPUs
+# at their priority, says it is in its loop (its word, argv[3], of the shared page, argv[2]), and
+# only then does awake() move it to its server CPU at SCHED_IDLE: starting at SCHED_IDLE beside a
+# busy server took it seconds, through which it would spin without ever going to sleep. Word 0 is
+# odd while a round runs (from just before GO); a spinner that finds it odd after it was preempted
+# (the server took its CPU) sleeps on its own eventfd (argv[4]) until the harness writes to it. By
+# preemptions, not by a gap in its clock: on the 2-core VM a spin saw 121 gaps of over 20 us a
+# second (interrupts, the hypervisor) and would have slept before the server's wake.
 SPIN = """
-import ctypes, mmap, os, signal, sys
+import ctypes, mmap, os, resource, signal, sys
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 if os.getppid() != int(sys.argv[1]):
     sys.exit()
-mine, words, event = int(sys.argv[2]), memoryview(mmap.mmap(int(sys.argv[3]), mmap.PAGESIZE)).cast("q"), int(sys.argv[4])
+words, mine, event = memoryview(mmap.mmap(int(sys.argv[2]), mmap.PAGESIZE)).cast("q"), int(sys.argv[3]), int(sys.argv[4])
+def preemptions():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 words[mine] = 1
+last = preemptions()
 while True:
-    generation = words[0]
-    if generation & 1:
-        words[mine] = generation
-        os.eventfd_read(event)
+    now = preemptions()
+    if words[0] & 1 and now != last:
+        while words[0] & 1:  # a count left from a round it never slept in does not wake it
+            os.eventfd_read(event)
+        now = preemptions()
+    last = now
 """
 
 
@@ -71,86 +77,75 @@ while True:
 class Spinner:
     process: subprocess.Popen
     cpu: int
-    word: int  # its word of the shared page
-    event: int  # its eventfd: resume() writes 1 to wake it
+    word: int  # its word of the shared page: 1 once it is in its loop
+    event: int  # its eventfd: round_over() writes 1 to wake it
 
 
 class Awake:
-    """One request's spinners, and their pause around each round (``Awake()`` has none: a no-op).
+    """One request's spinners, told when each round runs (``Awake()`` has none: a no-op).
 
-    ``pause`` before GO: each spinner goes to sleep on its eventfd, and pause waits until each has
-    said so, so that none is runnable on a server's CPU while the server runs; one that has not
-    said so within PAUSE_WAIT_NS is killed (it would run in the round, and every later round would
-    wait for it). ``resume`` once the server is frozen again wakes them. ``dropped``: the CPUs of
-    spinners killed for not answering, for the harness's log.
+    ``round_begun`` just before GO: a spinner spins on until the server's thread, woken, takes its
+    CPU (the server never wakes to a halted CPU), and the next time the spinner gets the CPU in the
+    round (the server's threads yield or block, or the scheduler gives an idle task its share) it
+    goes to sleep at once, so it takes microseconds from the round, never a slice. ``round_over``
+    once the server is frozen again wakes them. Told to sleep before GO instead, spinners left the
+    CPU to halt in the microseconds before the server's wake, and on the H200 the wake to the
+    forward took 40-140 us (three evaluations in each of two leases, 2026-11-28) where spinners
+    that never slept had made it 16-59. This form has not yet run on a GPU.
     """
 
     def __init__(self) -> None:
         self.spinners: list[Spinner] = []  # every one started, killed and reaped in close()
-        self.pinned: list[Spinner] = []  # those pinned, set and answering
-        self.dropped: list[int] = []
+        self.pinned: list[Spinner] = []  # those pinned and set
         self.fd = -1  # the shared page's memfd, made with the first spinner
 
     def start(self, cpu: int) -> None:
-        """A spinner on ``cpu``; one whose CPU or policy cannot be set is killed at once: a spinner at a
-        normal priority would take the server's CPU from it."""
+        """A spinner for ``cpu``, started where the calling thread may run (awake() moves it)."""
         if self.fd < 0:
             self.fd = os.memfd_create("awake-cpus")
             os.ftruncate(self.fd, mmap.PAGESIZE)
             self.page = mmap.mmap(self.fd, mmap.PAGESIZE)
-            self.words = memoryview(self.page).cast("q")
-            self.words[0] = 2  # even: running
+            self.rounds = memoryview(self.page).cast("q")
         event = os.eventfd(0, os.EFD_CLOEXEC)  # pass_fds hands it on; nothing else the harness starts inherits it
         try:
-            process = subprocess.Popen([sys.executable, "-I", "-S", "-c", SPIN, str(os.getpid()), str(1 + len(self.spinners)),
-                                        str(self.fd), str(event)], pass_fds=(self.fd, event),
+            word = 1 + len(self.spinners)
+            process = subprocess.Popen([sys.executable, "-I", "-S", "-c", SPIN, str(os.getpid()), str(self.fd), str(word),
+                                        str(event)], pass_fds=(self.fd, event),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:
             os.close(event)
             raise
-        spinner = Spinner(process, cpu, 1 + len(self.spinners), event)
-        self.spinners.append(spinner)  # before anything can raise: every one started is killed in close()
-        try:
-            os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
-            os.sched_setaffinity(process.pid, {cpu})
-        except OSError:
-            process.kill()
-        else:
-            self.pinned.append(spinner)
+        self.spinners.append(Spinner(process, cpu, word, event))  # before anything can raise: every one started is killed in close()
 
-    def wait_running(self, seconds: float = START_WAIT_S) -> None:
-        """Each spinner running (its word set) within ``seconds``, or killed: one still starting
-        when a round begins would not be paused in it."""
+    def settle(self, seconds: float = START_WAIT_S) -> None:
+        """Each spinner, once in its loop, moved to its CPU at SCHED_IDLE; one not in its loop within
+        ``seconds``, or whose CPU or policy cannot be set, is killed (at its starting priority it
+        would take the server's CPU from it)."""
         deadline = time.monotonic() + seconds
-        while any(self.words[s.word] == 0 for s in self.pinned) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        self._drop([s for s in self.pinned if self.words[s.word] == 0])
+        for spinner in self.spinners:
+            while self.rounds[spinner.word] != 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            try:
+                if self.rounds[spinner.word] != 1:
+                    raise OSError("not in its loop in time")
+                os.sched_setscheduler(spinner.process.pid, os.SCHED_IDLE, os.sched_param(0))
+                os.sched_setaffinity(spinner.process.pid, {spinner.cpu})
+            except OSError:
+                spinner.process.kill()
+            else:
+                self.pinned.append(spinner)
 
-    def pause(self) -> None:
-        """Every spinner asleep (or killed): a round is about to begin."""
-        if not self.pinned or self.words[0] & 1:
-            return
-        generation = self.words[0] + 1
-        self.words[0] = generation
-        waiting = self.pinned
-        deadline = time.perf_counter_ns() + PAUSE_WAIT_NS
-        while waiting and time.perf_counter_ns() < deadline:
-            waiting = [s for s in waiting if self.words[s.word] != generation]
-        self._drop(waiting)
+    def round_begun(self) -> None:
+        """A round is about to run: each spinner goes to sleep when it gets its CPU back from the server."""
+        if self.pinned and not self.rounds[0] & 1:
+            self.rounds[0] += 1
 
-    def resume(self) -> None:
-        """The spinners woken: the round is over, its server frozen."""
-        if not self.pinned or not self.words[0] & 1:
-            return
-        self.words[0] += 1
-        for spinner in self.pinned:
-            os.eventfd_write(spinner.event, 1)
-
-    def _drop(self, spinners: list[Spinner]) -> None:
-        for spinner in spinners:
-            spinner.process.kill()
-            self.pinned.remove(spinner)
-            self.dropped.append(spinner.cpu)
+    def round_over(self) -> None:
+        """The round is over, its server frozen: the spinners woken (one that never slept reads its count at the next round)."""
+        if self.pinned and self.rounds[0] & 1:
+            self.rounds[0] += 1
+            for spinner in self.pinned:
+                os.eventfd_write(spinner.event, 1)
 
     def close(self) -> None:
         for spinner in self.spinners:
@@ -160,7 +155,7 @@ class Awake:
             os.close(spinner.event)
         self.spinners, self.pinned = [], []
         if self.fd >= 0:
-            self.words.release()
+            self.rounds.release()
             self.page.close()
             os.close(self.fd)
             self.fd = -1
@@ -168,14 +163,13 @@ class Awake:
 
 @contextlib.contextmanager
 def awake(cpus: Sequence[int]) -> Iterator[Awake]:
-    """A spinner on each of ``cpus`` meanwhile (none for an empty sequence), each running before this
-    returns and asleep through each round; each killed and reaped after."""
+    """A spinner on each of ``cpus`` meanwhile (none for an empty sequence), asleep in each round
+    (Awake); each killed and reaped after."""
     spinners = Awake()
     try:
         for cpu in cpus:
             spinners.start(cpu)
-        if spinners.pinned:
-            spinners.wait_running()
+        spinners.settle()
         yield spinners
     finally:
         spinners.close()

@@ -361,8 +361,6 @@ def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> d
                 return evaluate_rounds(rounds, pools, request)
             finally:
                 rounds.awake = Awake()  # none: a cached task outlives the request's spinners
-                if spinners.dropped:
-                    log(f"spinners on CPUs {spinners.dropped} did not answer (starved or gone) and were killed")
     except SandboxError as err:
         return {"ok": False, "failure": "infra", "message": f"the sandbox failed: {err}"}
     except Exception as err:  # the harness's own fault (or the task's): never the candidate's
@@ -370,9 +368,10 @@ def _attempt(request: HarnessRequest, cache: TaskCache, pools: ServerPools) -> d
 
 
 def spinner_cpus(request: HarnessRequest) -> list[int]:
-    """The server CPUs that get a spinner (env.keep_cpus_awake): none the harness runs on, where its
-    own busy wait for the spinners to sleep would keep them from saying so (a machine of no more
-    CPUs than the servers' threads gives the harness the servers' CPUs: env_pool/evaluate.split_cpus)."""
+    """The server CPUs that get a spinner (env.keep_cpus_awake): none the harness runs on, where a
+    spinner runnable through the harness's staging (on the round's clock) would now and then take a
+    slice from it (a machine of no more CPUs than the servers' threads gives the harness the
+    servers' CPUs: env_pool/evaluate.split_cpus)."""
     return [cpu for cpu in request.cpus if cpu not in request.harness_cpus] if request.keep_cpus_awake else []
 
 

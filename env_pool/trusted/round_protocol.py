@@ -127,7 +127,7 @@ class Rounds:
                           for _ in range(self.calls)]
         self.flusher = CacheFlusher(self.device)
         self._discrimination: Discrimination | None = None
-        self.awake = Awake()  # the request's spinners on the servers' CPUs (harness._attempt), asleep through each round
+        self.awake = Awake()  # the request's spinners on the servers' CPUs (harness._attempt), asleep in each round (awake_cpus.Awake)
 
     def _reference_peak(self, inputs: list[Any]) -> tuple[list[Any], int]:
         """The reference's outputs on ``inputs``, and on a GPU the most device memory its forward held at once."""
@@ -550,11 +550,11 @@ class Session:
         r.write_inputs(sets, self.arg_views)  # inside the window, the server frozen: no round's inputs exist before its clock runs
         if sampler is not None:
             sampler.enable(True)
+        r.awake.round_begun()  # they spin on until the server takes their CPUs: none halts before its wake
+        go_at = time.perf_counter_ns()
+        control.words[GO] = nonce
+        self.freezer.thaw()
         try:
-            r.awake.pause()  # inside the window and the null phase's alike: its few microseconds are staging
-            go_at = time.perf_counter_ns()
-            control.words[GO] = nonce
-            self.freezer.thaw()
             thawed_at = time.perf_counter_ns()
             status = r.wait_done(control, self.server.thread, nonce, sampling)
             done_at = time.perf_counter_ns()
@@ -562,7 +562,7 @@ class Session:
                 raise ServerGone()
             frozen_at = time.perf_counter_ns()
         finally:
-            r.awake.resume()
+            r.awake.round_over()
         if sampler is not None:
             sampler.enable(False)
         if status >= 0:
