@@ -105,7 +105,7 @@ class Awake:
             self.fd = os.memfd_create("awake-cpus")
             os.ftruncate(self.fd, mmap.PAGESIZE)
             self.page = mmap.mmap(self.fd, mmap.PAGESIZE)
-            self.rounds = memoryview(self.page).cast("q")
+            self.words = memoryview(self.page).cast("q")  # 0: odd while a round runs; 1...: each spinner in its loop
         event = os.eventfd(0, os.EFD_CLOEXEC)  # pass_fds hands it on; nothing else the harness starts inherits it
         try:
             word = 1 + len(self.spinners)
@@ -123,10 +123,10 @@ class Awake:
         would take the server's CPU from it)."""
         deadline = time.monotonic() + seconds
         for spinner in self.spinners:
-            while self.rounds[spinner.word] != 1 and time.monotonic() < deadline:
+            while self.words[spinner.word] != 1 and time.monotonic() < deadline:
                 time.sleep(0.001)
             try:
-                if self.rounds[spinner.word] != 1:
+                if self.words[spinner.word] != 1:
                     raise OSError("not in its loop in time")
                 os.sched_setscheduler(spinner.process.pid, os.SCHED_IDLE, os.sched_param(0))
                 os.sched_setaffinity(spinner.process.pid, {spinner.cpu})
@@ -137,13 +137,13 @@ class Awake:
 
     def round_begun(self) -> None:
         """A round is about to run: each spinner goes to sleep when it gets its CPU back from the server."""
-        if self.pinned and not self.rounds[0] & 1:
-            self.rounds[0] += 1
+        if self.pinned and not self.words[0] & 1:
+            self.words[0] += 1
 
     def round_over(self) -> None:
         """The round is over, its server frozen: the spinners woken (one that never slept reads its count at the next round)."""
-        if self.pinned and self.rounds[0] & 1:
-            self.rounds[0] += 1
+        if self.pinned and self.words[0] & 1:
+            self.words[0] += 1
             for spinner in self.pinned:
                 os.eventfd_write(spinner.event, 1)
 
@@ -155,7 +155,7 @@ class Awake:
             os.close(spinner.event)
         self.spinners, self.pinned = [], []
         if self.fd >= 0:
-            self.rounds.release()
+            self.words.release()
             self.page.close()
             os.close(self.fd)
             self.fd = -1
