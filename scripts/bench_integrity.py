@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import statistics
 import sys
 import tempfile
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from configs import schema  # noqa: E402
 from configs.schema import EnvConfig  # noqa: E402
 from env_pool.build.compile import compile_kernel  # noqa: E402
 from env_pool.evaluate import EvalContext, evaluate  # noqa: E402
@@ -179,14 +182,30 @@ def keep_harness_logs(work: Path, out: Path) -> None:
 
 
 def env_settings(pairs: list[str]) -> dict:
-    """--env's KEY=VALUE pairs, typed by EnvConfig (an unknown key or a bad value names itself)."""
-    if not pairs:  # omegaconf is not on the GPU machines
-        return {}
-    from omegaconf import OmegaConf
+    """--env's KEY=VALUE pairs, typed by EnvConfig's fields (a bool, a number, a string or one of its
+    enums; the GPU machines have no omegaconf to merge with): an unknown key or a bad value names itself."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(EnvConfig)}
+    settings = {}
+    for pair in pairs:
+        key, equals, text = pair.partition("=")
+        if not equals or key not in fields:
+            raise SystemExit(f"--env {pair}: expected KEY=VALUE with KEY one of env's fields (configs/schema.py EnvConfig)")
+        settings[key] = _typed(key, fields[key], text)
+    return settings
 
-    given = OmegaConf.from_dotlist(pairs)
-    typed = OmegaConf.merge(OmegaConf.structured(EnvConfig), given)
-    return {key: typed[key] for key in given}
+
+def _typed(key: str, kind: str, text: str):
+    enum = getattr(schema, kind, None)
+    try:
+        if kind == "bool":
+            return {"true": True, "false": False}[text.lower()]
+        if kind in ("int", "float", "str"):
+            return {"int": int, "float": float, "str": str}[kind](text)
+        if isinstance(enum, type) and issubclass(enum, Enum):
+            return enum(text)
+    except (KeyError, ValueError):
+        raise SystemExit(f"--env {key}={text}: not a valid {kind}") from None
+    raise SystemExit(f"--env {key}: a {kind} cannot be set here; set it in configs/schema.py's default for the run")
 
 
 def main() -> None:

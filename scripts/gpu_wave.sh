@@ -19,6 +19,8 @@
 #   recheck   fidelity as above with the eager recheck and the baselines in two servers (issue 34)
 #   nosampler fidelity as above without the code sampler (a comparison only: is the candidate's
 #             server's extra host time the sampler's interrupts? It was not, 2026-11-27)
+#   awake     fidelity as above with spinners keeping the servers' CPUs awake between rounds
+#             (env.keep_cpus_awake, env_pool/trusted/awake_cpus.py; issue 34: beside `fidelity`, one lease)
 #   noseccomp fidelity as above without the candidate's seccomp filter (a comparison only: does
 #             the filter, which gVisor evaluates per syscall, cost the candidate's rounds?)
 #   hostcost  one forward's host time under the fallback detector and the guards, back to back and
@@ -116,6 +118,7 @@ queue() {
       calls) fidelity calls calls_per_round=0 ;;
       recheck) fidelity recheck eager_recheck=true baseline_servers=2 ;;
       nosampler) fidelity nosampler code_sampling=false ;;
+      awake) fidelity awake keep_cpus_awake=true ;;
       noseccomp) fidelity noseccomp seccomp=false ;;
       overlap) step overlap 300 env OUT="$WAVE" python3 scripts/context_overlap.py ;;
       hostcost) step hostcost 300 env OUT="$WAVE" python3 scripts/forward_host_cost.py ;;
