@@ -554,8 +554,8 @@ class Session:
         go_at = time.perf_counter_ns()
         control.words[GO] = nonce
         self.freezer.thaw()
+        thawed_at = time.perf_counter_ns()
         try:
-            thawed_at = time.perf_counter_ns()
             status = r.wait_done(control, self.server.thread, nonce, sampling)
             done_at = time.perf_counter_ns()
             if not self.freezer.freeze(self.server.thread.is_alive):
